@@ -1,0 +1,43 @@
+#pragma once
+// What the trainer needs from a kind of device: CPU (oneDNN, always built) or CUDA.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mnist_mt/communicator.hpp"
+#include "mnist_mt/device.hpp"
+#include "mnist_mt/replica.hpp"
+
+namespace mnist_mt {
+
+struct BackendOptions {
+  bool deterministic = false;  // CUDA: deterministic cuDNN algorithms only
+  bool tf32 = false;           // CUDA: allow TF32 in cuBLAS/cuDNN
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "cpu", "cuda"
+  // Devices present (CPU: cores).
+  virtual int device_count() const = 0;
+  // Main thread. `ids` are checked by the caller (distinct, < device_count()).
+  virtual std::vector<std::unique_ptr<Device>> make_devices(std::span<const int> ids) = 0;
+  // Main thread, one communicator per device, rank i on devices[i] (ncclCommInitAll).
+  virtual std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<Device* const> devices) = 0;
+  // On the thread that will drive it, after device.activate(). Weights are zero until
+  // written.
+  virtual std::unique_ptr<Replica> make_replica(Device& device, std::uint32_t max_batch) = 0;
+  // Bracket collectives for several ranks issued from one thread (ncclGroupStart/End).
+  virtual void group_start() {}
+  virtual void group_end() {}
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);
+// Throws InputError when the build has no CUDA.
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
+bool cuda_built();
+
+}  // namespace mnist_mt

@@ -1,0 +1,26 @@
+#pragma once
+// safetensors checkpoints (DESIGN.md decision 8): the parameters under PyTorch's names
+// and shapes, so torch loads them as they are; momentum as "momentum.<name>"; the loop
+// state in the metadata. Writes are atomic.
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+namespace mnist_mt {
+
+struct Checkpoint {
+  std::vector<float> params;    // kParamCount, state-dict order
+  std::vector<float> momentum;  // kParamCount, or empty when there is none
+  std::uint32_t epoch = 0;      // epochs completed
+  std::uint64_t step = 0;       // optimizer steps taken
+  std::uint64_t seed = 0;
+};
+
+// Temp file in the same directory, fsync, rename, fsync of the directory. Throws
+// InputError when the path cannot be written.
+void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint);
+// Throws InputError for a missing, truncated, corrupt or mismatched file; never
+// returns a partial checkpoint.
+Checkpoint load_checkpoint(const std::filesystem::path& path);
+
+}  // namespace mnist_mt

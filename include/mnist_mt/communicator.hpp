@@ -1,0 +1,32 @@
+#pragma once
+// Collectives among the ranks of one process (DESIGN.md decision 1). Every call is
+// enqueued on the calling rank's comm stream and returns at once; buffers are device
+// buffers of that rank and must stay untouched until the comm stream passes the call.
+// Every rank issues the same collectives in the same order.
+#include <cstddef>
+#include <span>
+
+namespace mnist_mt {
+
+enum class ReduceOp { kSum, kAverage };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual void allreduce(float* data, std::size_t count, ReduceOp op) = 0;
+  virtual void broadcast(float* data, std::size_t count, int root) = 0;
+  // The result lands in root's buffer only; other ranks' buffers are unchanged.
+  virtual void reduce(float* data, std::size_t count, ReduceOp op, int root) = 0;
+  virtual void barrier() = 0;
+  // Host values, synchronous: returns after every rank's values are summed into `data`.
+  virtual void allreduce_host(std::span<double> data) = 0;
+
+  // Callable from any thread, any number of times: releases every rank blocked in a
+  // collective of this group, now or later; their streams fail with Aborted.
+  virtual void abort() = 0;
+};
+
+}  // namespace mnist_mt

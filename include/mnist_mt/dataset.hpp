@@ -1,0 +1,34 @@
+#pragma once
+// MNIST-format data set in memory: loaded once, shared read-only by every rank.
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+namespace mnist_mt {
+
+inline constexpr std::size_t kImageSide = 28;
+inline constexpr std::size_t kImageBytes = kImageSide * kImageSide;
+inline constexpr std::size_t kClasses = 10;
+
+struct Split {
+  std::vector<std::uint8_t> images;  // size() * kImageBytes
+  std::vector<std::uint8_t> labels;  // size()
+  std::uint32_t size() const { return static_cast<std::uint32_t>(labels.size()); }
+  const std::uint8_t* image(std::uint32_t i) const { return images.data() + std::size_t{i} * kImageBytes; }
+};
+
+struct Dataset {
+  Split train;
+  Split test;
+};
+
+// Offline default: Fashion-MNIST from Debian's dataset-fashion-mnist.
+inline const std::filesystem::path kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
+
+// Loads train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte,
+// t10k-labels-idx1-ubyte from `dir`, each raw or with .gz. Throws InputError naming the
+// file and the problem (missing file, count mismatch, any IDX error).
+Dataset load_dataset(const std::filesystem::path& dir);
+
+}  // namespace mnist_mt

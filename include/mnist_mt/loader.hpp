@@ -1,0 +1,54 @@
+#pragma once
+// oneTBB pipeline that gathers every rank's batches of one epoch into reusable
+// buffers and hands them to per-rank bounded queues, a few batches ahead of the
+// consumers. Images stay uint8: normalisation happens on the device.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mnist_mt/dataset.hpp"
+
+namespace mnist_mt {
+
+struct Batch {
+  std::uint32_t epoch = 0;
+  std::uint32_t step = 0;
+  std::uint32_t size = 0;               // samples in this batch (<= capacity)
+  std::vector<std::uint8_t> images;     // capacity * kImageBytes; the first size*kImageBytes are valid
+  std::vector<std::uint8_t> labels;     // capacity
+  std::vector<std::uint32_t> indices;   // capacity; global sample indices into the split
+};
+
+struct LoaderOptions {
+  std::uint32_t world = 1;
+  std::uint32_t batch = 64;      // per rank
+  bool train = true;             // shuffled, drop_last; false: split order, every sample once
+  std::uint64_t seed = 0;
+  std::uint32_t epoch = 0;
+  std::uint32_t depth = 4;       // batches a rank's queue holds ahead of its consumer
+};
+
+class Loader {
+ public:
+  // Starts the pipeline for one epoch of `split` (which must outlive the loader).
+  Loader(const Split& split, const LoaderOptions& options);
+  ~Loader();  // cancels and joins; never throws
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  std::uint32_t steps() const;
+
+  // Blocks until rank's next batch is ready. Returns nullptr after the last step,
+  // or once cancelled. Rethrows an error raised inside the pipeline.
+  // The batch stays valid until the same rank's next call to next().
+  const Batch* next(std::uint32_t rank);
+
+  // Stops the pipeline early; wakes every consumer blocked in next(). Idempotent.
+  void cancel();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace mnist_mt

@@ -1,0 +1,30 @@
+#pragma once
+#include <string>
+
+#include "mnist_mt/device.hpp"
+#include "stream.hpp"
+
+namespace mnist_mt::cpu {
+
+// A CPU device: one compute stream whose thread runs oneDNN single-threaded (one core
+// per rank), and one comm stream.
+class CpuDevice final : public Device {
+ public:
+  explicit CpuDevice(int id);
+  void activate() override {}
+  void comm_wait_compute() override { comm_.enqueue_wait(compute_, compute_.ticket()); }
+  void compute_wait_comm() override { compute_.enqueue_wait(comm_, comm_.ticket()); }
+  void synchronize() override;
+  std::string name() const override { return "cpu:" + std::to_string(id_); }
+
+  Stream& compute() { return compute_; }
+  Stream& comm() { return comm_; }
+  int id() const { return id_; }
+
+ private:
+  int id_;
+  Stream compute_;
+  Stream comm_;
+};
+
+}  // namespace mnist_mt::cpu
