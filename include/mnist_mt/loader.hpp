@@ -3,6 +3,7 @@
 // buffers and hands them to per-rank bounded queues, a few batches ahead of the
 // consumers. Images stay uint8: normalisation happens on the device.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -26,6 +27,9 @@ struct LoaderOptions {
   std::uint64_t seed = 0;
   std::uint32_t epoch = 0;
   std::uint32_t depth = 4;       // batches a rank's queue holds ahead of its consumer
+  // Test hook, empty in production: called on a pipeline thread before each step is
+  // gathered; an exception it throws reaches the consumers through next().
+  std::function<void(std::uint32_t step)> before_gather;
 };
 
 class Loader {
