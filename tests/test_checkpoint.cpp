@@ -1,1 +1,280 @@
-// placeholder
+// safetensors checkpoints: round trip, PyTorch's names and shapes, atomic writes, strict
+// rejection of damaged files, and a file written by PyTorch's side (tests/golden).
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+#include "golden/fixture.hpp"
+#include "mnist_mt/checkpoint.hpp"
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/model.hpp"
+
+namespace mnist_mt {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Fixture;
+
+Checkpoint sample_checkpoint(bool with_momentum) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist;
+  Checkpoint c;
+  c.params.resize(kParamCount);
+  for (float& v : c.params) v = dist(rng);
+  if (with_momentum) {
+    c.momentum.resize(kParamCount);
+    for (float& v : c.momentum) v = dist(rng);
+  }
+  c.epoch = 7;
+  c.step = 6543210987ull;
+  c.seed = 0xfedcba9876543210ull;
+  return c;
+}
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const fs::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("mnist_mt_ckpt_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::vector<fs::path> entries() const {
+    std::vector<fs::path> out;
+    for (const auto& e : fs::directory_iterator(dir_)) out.push_back(e.path().filename());
+    return out;
+  }
+
+  // A valid checkpoint's header JSON and data section, after `edit` changed them, written
+  // back as a file.
+  fs::path edited(const std::function<void(nlohmann::ordered_json&, std::string&)>& edit) {
+    if (valid_.empty()) {
+      save_checkpoint(dir_ / "valid.safetensors", sample_checkpoint(true));
+      valid_ = read_bytes(dir_ / "valid.safetensors");
+    }
+    std::uint64_t n = 0;
+    std::memcpy(&n, valid_.data(), 8);
+    auto header = nlohmann::ordered_json::parse(valid_.substr(8, n));
+    std::string data = valid_.substr(8 + n);
+    edit(header, data);
+    const std::string text = header.dump();
+    const std::uint64_t length = text.size();
+    const fs::path path = dir_ / "edited.safetensors";
+    write_bytes(path, std::string(reinterpret_cast<const char*>(&length), 8) + text + data);
+    return path;
+  }
+
+  void expect_rejected(const fs::path& path, const std::string& problem) {
+    try {
+      load_checkpoint(path);
+      ADD_FAILURE() << "accepted a file that should fail with: " << problem;
+    } catch (const InputError& e) {
+      const std::string message = e.what();
+      EXPECT_EQ(message.rfind(path.string() + ": ", 0), 0u) << message;
+      EXPECT_NE(message.find(problem), std::string::npos) << message;
+      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    }
+  }
+
+  fs::path dir_;
+  std::string valid_;
+};
+
+TEST_F(CheckpointTest, RoundTripsParametersMomentumAndLoopState) {
+  for (bool with_momentum : {true, false}) {
+    const Checkpoint saved = sample_checkpoint(with_momentum);
+    const fs::path path = dir_ / "model.safetensors";
+    save_checkpoint(path, saved);
+    const Checkpoint loaded = load_checkpoint(path);
+    EXPECT_EQ(loaded.params, saved.params);
+    EXPECT_EQ(loaded.momentum, saved.momentum);
+    EXPECT_EQ(loaded.epoch, saved.epoch);
+    EXPECT_EQ(loaded.step, saved.step);
+    EXPECT_EQ(loaded.seed, saved.seed);
+    EXPECT_EQ(entries(), std::vector<fs::path>{"model.safetensors"});
+  }
+}
+
+// What PyTorch's load_state_dict needs: the state-dict names, F32, PyTorch's shapes, and the
+// values of each parameter in its own byte range. Read with the tests' own reader.
+TEST_F(CheckpointTest, WritesPyTorchNamesShapesAndValues) {
+  const Checkpoint saved = sample_checkpoint(true);
+  const fs::path path = dir_ / "model.safetensors";
+  save_checkpoint(path, saved);
+  const Fixture file(path);
+  for (const ParamInfo& p : kParams) {
+    for (const std::string prefix : {"", "momentum."}) {
+      const auto& t = file.tensor(prefix + std::string(p.name));
+      EXPECT_EQ(t.dtype, "F32");
+      EXPECT_EQ(t.shape, std::vector<std::int64_t>(p.shape.begin(), p.shape.begin() + p.dims)) << p.name;
+      const auto values = t.as<float>();
+      const auto& source = prefix.empty() ? saved.params : saved.momentum;
+      EXPECT_TRUE(std::equal(values.begin(), values.end(), source.begin() + static_cast<std::ptrdiff_t>(p.offset)))
+          << prefix << p.name;
+    }
+  }
+  EXPECT_EQ(file.meta("epoch"), "7");
+  EXPECT_EQ(file.meta("step"), "6543210987");
+  EXPECT_EQ(file.meta("seed"), std::to_string(0xfedcba9876543210ull));
+  // safetensors readers map the data section; it starts 8-byte aligned.
+  std::uint64_t n = 0;
+  std::memcpy(&n, read_bytes(path).data(), 8);
+  EXPECT_EQ(n % 8, 0u);
+}
+
+TEST_F(CheckpointTest, OverwritesAnExistingCheckpoint) {
+  const fs::path path = dir_ / "model.safetensors";
+  save_checkpoint(path, sample_checkpoint(true));
+  Checkpoint second = sample_checkpoint(false);
+  second.epoch = 8;
+  save_checkpoint(path, second);
+  EXPECT_EQ(load_checkpoint(path).epoch, 8u);
+  EXPECT_TRUE(load_checkpoint(path).momentum.empty());
+  EXPECT_EQ(entries(), std::vector<fs::path>{"model.safetensors"});
+}
+
+// A write that fails half-way (the file size limit stands in for a full disk) leaves the
+// previous checkpoint as it was and no temp file behind.
+TEST_F(CheckpointTest, FailedWriteKeepsTheOldFile) {
+  const fs::path path = dir_ / "model.safetensors";
+  save_checkpoint(path, sample_checkpoint(false));
+  const std::string before = read_bytes(path);
+
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // write() then fails with EFBIG
+  rlimit old_limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  rlimit small = old_limit;
+  small.rlim_cur = 1 << 20;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  bool threw = false;
+  try {
+    save_checkpoint(path, sample_checkpoint(true));
+  } catch (const InputError& e) {
+    threw = true;
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+
+  EXPECT_TRUE(threw);
+  EXPECT_EQ(read_bytes(path), before);
+  EXPECT_EQ(entries(), std::vector<fs::path>{"model.safetensors"});
+}
+
+TEST_F(CheckpointTest, FailedRenameLeavesNoTempFile) {
+  const fs::path path = dir_ / "occupied";
+  fs::create_directories(path / "inside");  // a non-empty directory cannot be replaced
+  EXPECT_THROW(save_checkpoint(path, sample_checkpoint(false)), InputError);
+  EXPECT_EQ(entries(), std::vector<fs::path>{"occupied"});
+}
+
+TEST_F(CheckpointTest, MissingDirectoryIsAnInputError) {
+  const fs::path path = dir_ / "no" / "such" / "model.safetensors";
+  try {
+    save_checkpoint(path, sample_checkpoint(false));
+    ADD_FAILURE() << "saved into a missing directory";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(path.string() + ": ", 0), 0u) << e.what();
+  }
+}
+
+TEST_F(CheckpointTest, RejectsMissingAndTruncatedFiles) {
+  expect_rejected(dir_ / "absent.safetensors", "cannot open");
+  const fs::path path = dir_ / "model.safetensors";
+  save_checkpoint(path, sample_checkpoint(true));
+  const std::string bytes = read_bytes(path);
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const fs::path cut = dir_ / "cut.safetensors";
+  for (std::size_t size : {std::size_t{0}, std::size_t{5}, std::size_t{8}, std::size_t{8 + n / 2}}) {
+    write_bytes(cut, bytes.substr(0, size));
+    expect_rejected(cut, "truncated");
+  }
+  for (std::size_t size : {std::size_t{8 + n}, std::size_t{8 + n + 1000}, bytes.size() - 1}) {
+    write_bytes(cut, bytes.substr(0, size));
+    expect_rejected(cut, "outside the");
+  }
+  write_bytes(cut, bytes + "extra");
+  expect_rejected(cut, "the tensors cover");
+}
+
+TEST_F(CheckpointTest, RejectsCorruptHeaders) {
+  const fs::path path = dir_ / "bad.safetensors";
+  std::uint64_t huge = 1ull << 40;
+  write_bytes(path, std::string(reinterpret_cast<const char*>(&huge), 8) + "{}");
+  expect_rejected(path, "exceeds");
+  const std::string text = "{\"conv1.weight\": [1, 2";
+  const std::uint64_t n = text.size();
+  write_bytes(path, std::string(reinterpret_cast<const char*>(&n), 8) + text);
+  expect_rejected(path, "not valid JSON");
+  const std::string array = "[1, 2, 3]";
+  const std::uint64_t m = array.size();
+  write_bytes(path, std::string(reinterpret_cast<const char*>(&m), 8) + array);
+  expect_rejected(path, "not a JSON object");
+}
+
+TEST_F(CheckpointTest, RejectsMismatchedTensors) {
+  using Json = nlohmann::ordered_json;
+  using Edit = std::function<void(Json&, std::string&)>;
+  const std::vector<std::pair<Edit, std::string>> cases{
+      {[](Json& h, std::string&) { h["fc1.weight"]["dtype"] = "F16"; }, "dtype F16"},
+      {[](Json& h, std::string&) { h["fc1.weight"]["shape"] = {9216, 128}; }, "shape [9216,128]"},
+      {[](Json& h, std::string&) { h["conv1.weight"]["shape"] = {32, 1, 9}; }, "shape [32,1,9]"},
+      {[](Json& h, std::string&) { h["conv1.bias"]["shape"] = {32.0}; }, "shape"},
+      {[](Json& h, std::string&) { h.erase("fc2.bias"); }, "missing tensor 'fc2.bias'"},
+      {[](Json& h, std::string&) { h.erase("momentum.conv2.bias"); }, "missing tensor 'momentum.conv2.bias'"},
+      {[](Json& h, std::string&) { h["fc3.weight"] = h["fc2.bias"]; }, "unexpected tensor 'fc3.weight'"},
+      {[](Json& h, std::string&) { h["fc2.bias"]["data_offsets"] = {0, 40}; }, "overlap"},
+      {[](Json& h, std::string&) { h["fc2.bias"]["data_offsets"] = {-8, 32}; }, "no valid data_offsets"},
+      {[](Json& h, std::string&) { h["fc2.bias"]["data_offsets"] = {0, 1ull << 50}; }, "outside the"},
+      {[](Json& h, std::string&) { h["fc2.bias"]["data_offsets"] = {0, 41}; }, "41 bytes, expected 40"},
+      {[](Json&, std::string& d) { d += std::string(8, '\0'); }, "the tensors cover"},
+      {[](Json& h, std::string&) { h.erase("__metadata__"); }, "no __metadata__"},
+      {[](Json& h, std::string&) { h["__metadata__"]["format_version"] = "2"; }, "unsupported format_version"},
+      {[](Json& h, std::string&) { h["__metadata__"]["epoch"] = "-1"; }, "'epoch' is not an unsigned integer"},
+      {[](Json& h, std::string&) { h["__metadata__"]["step"] = "12x"; }, "'step' is not an unsigned integer"},
+      {[](Json& h, std::string&) { h["__metadata__"]["seed"] = "99999999999999999999"; }, "'seed' is not"},
+      {[](Json& h, std::string&) { h["__metadata__"].erase("epoch"); }, "metadata has no 'epoch'"},
+      {[](Json& h, std::string&) { h["__metadata__"]["epoch"] = 3; }, "not a map of strings"},
+  };
+  for (const auto& [edit, problem] : cases) expect_rejected(edited(edit), problem);
+}
+
+// tests/golden/torch_init.safetensors: PyTorch's initial weights, written by gen_golden.py.
+TEST_F(CheckpointTest, LoadsTheFileWrittenByPyTorch) {
+  const Fixture golden(testing::golden_dir() / "golden.safetensors");
+  const Checkpoint c = load_checkpoint(testing::golden_dir() / "torch_init.safetensors");
+  EXPECT_EQ(c.epoch, 0u);
+  EXPECT_EQ(c.step, 0u);
+  EXPECT_EQ(c.seed, std::stoull(golden.meta("torch_seed")));
+  EXPECT_TRUE(c.momentum.empty());
+  const std::size_t stride = std::stoul(golden.meta("sample_stride"));
+  for (const ParamInfo& p : kParams) {
+    const auto want = golden.get<float>("torch_init." + std::string(p.name));
+    ASSERT_EQ(want.size(), (p.count + stride - 1) / stride);
+    for (std::size_t i = 0; i < want.size(); ++i) ASSERT_EQ(c.params[p.offset + i * stride], want[i]) << p.name;
+  }
+}
+
+}  // namespace
+}  // namespace mnist_mt

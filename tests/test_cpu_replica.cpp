@@ -1,1 +1,523 @@
-// placeholder
+// The oneDNN replica against PyTorch (tests/golden), against a float64 reference of the
+// network with its finite-difference gradients, and the replica's contract with the
+// trainer (callback order, asynchrony, batch sizes, statistics, optimizer state).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <future>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <tuple>
+
+#include "device.hpp"
+#include "golden/fixture.hpp"
+#include "kernels.hpp"
+#include "mnist_mt/checkpoint.hpp"
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/model.hpp"
+#include "replica.hpp"
+
+namespace mnist_mt::cpu {
+namespace {
+
+using testing::Fixture;
+using testing::golden_dir;
+
+const Fixture& golden() {
+  static const Fixture fixture(golden_dir() / "golden.safetensors");
+  return fixture;
+}
+
+Batch make_batch(const std::vector<std::uint8_t>& images, const std::vector<std::uint8_t>& labels,
+                 const std::vector<std::uint32_t>& indices) {
+  Batch b;
+  b.size = static_cast<std::uint32_t>(labels.size());
+  b.images = images;
+  b.labels = labels;
+  b.indices = indices;
+  return b;
+}
+
+Batch random_batch(std::uint32_t size, std::uint32_t seed, std::uint32_t first_index = 0) {
+  std::mt19937 rng(seed);
+  std::vector<std::uint8_t> images(size * kImageBytes), labels(size);
+  for (auto& v : images) v = static_cast<std::uint8_t>(rng());
+  for (auto& v : labels) v = static_cast<std::uint8_t>(rng() % kClasses);
+  std::vector<std::uint32_t> indices(size);
+  std::iota(indices.begin(), indices.end(), first_index);
+  return make_batch(images, labels, indices);
+}
+
+std::vector<float> initial_params(std::uint64_t seed) {
+  std::vector<float> p(kParamCount);
+  init_parameters(seed, p);
+  return p;
+}
+
+// Ours against `want` (float64 PyTorch, rounded to fp32): within 1e-5 relative, plus an
+// absolute floor of 1e-5 of the tensor's largest magnitude. The floor is for elements near
+// zero through cancellation: an fp32 sum of thousands of products (a conv weight's
+// gradient sums 8 x 676 of them) is off by ~1e-6 of its largest terms (measured: at most
+// 2e-6 of the largest element), which no relative tolerance of a near-zero result covers.
+void expect_close(const std::vector<float>& ours, const std::vector<float>& want, const std::string& what) {
+  constexpr double kRelative = 1e-5;
+  ASSERT_EQ(ours.size(), want.size()) << what;
+  double scale = 0;
+  for (float w : want) scale = std::max(scale, std::abs(double{w}));
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    const double err = std::abs(double{ours[i]} - want[i]);
+    if (err > kRelative * (std::abs(double{want[i]}) + scale) && ++bad <= 5)
+      ADD_FAILURE() << what << "[" << i << "]: " << ours[i] << " vs " << want[i];
+  }
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+// The elements of a param that a fixture stores: all, or every stride-th of fc1.weight.
+std::vector<float> fixture_view(const std::vector<float>& flat, const ParamInfo& p) {
+  const std::size_t stride = p.name == "fc1.weight" ? std::stoul(golden().meta("fc1_weight_stride")) : 1;
+  std::vector<float> out;
+  for (std::size_t i = 0; i < p.count; i += stride) out.push_back(flat[p.offset + i]);
+  return out;
+}
+
+class ReplicaTest : public ::testing::Test {
+ protected:
+  CpuDevice device_{0};
+};
+
+TEST_F(ReplicaTest, MatchesPyTorchGolden) {
+  const Fixture& g = golden();
+  auto replica = make_cpu_replica(device_, 8);
+  replica->write_params(load_checkpoint(golden_dir() / "torch_init.safetensors").params);
+  const Batch batch = make_batch(g.get<std::uint8_t>("images"), g.get<std::uint8_t>("labels"), {0, 1, 2, 3, 4, 5, 6, 7});
+  const DropoutKey key{1, 0};
+
+  replica->set_input(batch);
+  replica->forward(false, key, 8);
+  std::vector<float> logp(8 * kClasses);
+  replica->read_logprobs(logp);
+  expect_close(logp, g.get<float>("logprobs"), "logprobs");
+  const StepStats stats = replica->take_stats();
+  EXPECT_EQ(stats.samples, 8);
+  EXPECT_NEAR(stats.loss_sum / 8, g.get<double>("loss")[0], 1e-5 * g.get<double>("loss")[0]);
+
+  replica->backward([](int) {});
+  std::vector<float> grads(kParamCount);
+  replica->read_grads(grads);
+  for (const ParamInfo& p : kParams)
+    expect_close(fixture_view(grads, p), g.get<float>("grad." + std::string(p.name)), "grad." + std::string(p.name));
+
+  const SgdOptions sgd{0.01f, 0.9f, 1e-4f};
+  replica->sgd_step(sgd);
+  for (int step = 1; step < 3; ++step) {
+    replica->set_input(batch);
+    replica->forward(false, key, 8);
+    replica->backward([](int) {});
+    replica->sgd_step(sgd);
+  }
+  std::vector<float> params(kParamCount), momentum(kParamCount);
+  replica->read_params(params);
+  replica->read_momentum(momentum);
+  for (const ParamInfo& p : kParams) {
+    expect_close(fixture_view(params, p), g.get<float>("step3." + std::string(p.name)), "step3." + std::string(p.name));
+    expect_close(fixture_view(momentum, p), g.get<float>("momentum3." + std::string(p.name)),
+                 "momentum3." + std::string(p.name));
+  }
+}
+
+// ---- A float64 reference of the network, written from its definition (DESIGN.md). ----
+
+struct RefSample {
+  std::vector<double> x;  // 28x28, normalised with the fp32 operations of ToTensor + Normalize
+  std::uint8_t label;
+  std::uint32_t index;
+};
+
+std::vector<RefSample> ref_samples(const Batch& b) {
+  std::vector<RefSample> out(b.size);
+  for (std::uint32_t n = 0; n < b.size; ++n) {
+    out[n].x.resize(kImageBytes);
+    for (std::size_t i = 0; i < kImageBytes; ++i)
+      out[n].x[i] = (static_cast<float>(b.images[n * kImageBytes + i]) / 255.0f - kInputMean) / kInputStd;
+    out[n].label = b.labels[n];
+    out[n].index = b.indices[n];
+  }
+  return out;
+}
+
+double relu(double v) { return v > 0 ? v : 0; }
+
+double ref_dropout(double v, const DropoutKey* key, const RefSample& s, RandomStream stream, std::uint32_t e,
+                   float p) {
+  if (key == nullptr) return v;
+  return dropout_keep(key->seed, key->epoch, s.index, stream, e, p) ? v / (1.0 - p) : 0.0;
+}
+
+// conv1 -> ReLU -> conv2 -> ReLU -> max_pool2d(2) -> dropout -> flatten: fc1's input.
+std::vector<double> ref_features(const std::vector<double>& p, const RefSample& s, const DropoutKey* key) {
+  const double* w1 = p.data() + kParams[0].offset;
+  const double* b1 = p.data() + kParams[1].offset;
+  const double* w2 = p.data() + kParams[2].offset;
+  const double* b2 = p.data() + kParams[3].offset;
+  std::vector<double> a1(32 * 26 * 26), a2(64 * 24 * 24), out(9216);
+  for (int c = 0; c < 32; ++c)
+    for (int y = 0; y < 26; ++y)
+      for (int x = 0; x < 26; ++x) {
+        double v = b1[c];
+        for (int ky = 0; ky < 3; ++ky)
+          for (int kx = 0; kx < 3; ++kx) v += w1[c * 9 + ky * 3 + kx] * s.x[(y + ky) * 28 + x + kx];
+        a1[(c * 26 + y) * 26 + x] = relu(v);
+      }
+  for (int o = 0; o < 64; ++o) {
+    double* dst = a2.data() + o * 576;
+    std::fill(dst, dst + 576, b2[o]);
+    for (int i = 0; i < 32; ++i)
+      for (int ky = 0; ky < 3; ++ky)
+        for (int kx = 0; kx < 3; ++kx) {
+          const double w = w2[((o * 32 + i) * 3 + ky) * 3 + kx];
+          for (int y = 0; y < 24; ++y)
+            for (int x = 0; x < 24; ++x) dst[y * 24 + x] += w * a1[(i * 26 + y + ky) * 26 + x + kx];
+        }
+    for (int i = 0; i < 576; ++i) dst[i] = relu(dst[i]);
+  }
+  for (int c = 0; c < 64; ++c)
+    for (int y = 0; y < 12; ++y)
+      for (int x = 0; x < 12; ++x) {
+        const double* q = a2.data() + (c * 24 + 2 * y) * 24 + 2 * x;
+        const double m = std::max({q[0], q[1], q[24], q[25]});
+        const auto e = static_cast<std::uint32_t>((c * 12 + y) * 12 + x);
+        out[e] = ref_dropout(m, key, s, RandomStream::kDropout0, e, kDropout1);
+      }
+  return out;
+}
+
+// fc1 -> ReLU -> dropout -> fc2 -> log_softmax.
+std::array<double, kClasses> ref_head(const std::vector<double>& p, const std::vector<double>& features,
+                                      const RefSample& s, const DropoutKey* key) {
+  const double* w1 = p.data() + kParams[4].offset;
+  const double* b1 = p.data() + kParams[5].offset;
+  const double* w2 = p.data() + kParams[6].offset;
+  const double* b2 = p.data() + kParams[7].offset;
+  std::array<double, 128> h{};
+  for (std::uint32_t j = 0; j < 128; ++j) {
+    double v = b1[j];
+    for (int e = 0; e < 9216; ++e) v += w1[j * 9216 + e] * features[e];
+    h[j] = ref_dropout(relu(v), key, s, RandomStream::kDropout1, j, kDropout2);
+  }
+  std::array<double, kClasses> z{};
+  for (std::size_t k = 0; k < kClasses; ++k) {
+    z[k] = b2[k];
+    for (int j = 0; j < 128; ++j) z[k] += w2[k * 128 + j] * h[j];
+  }
+  const double m = *std::max_element(z.begin(), z.end());
+  double sum = 0;
+  for (double v : z) sum += std::exp(v - m);
+  for (double& v : z) v -= m + std::log(sum);
+  return z;
+}
+
+std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// Mean NLL of the batch; `features` caches ref_features when only fc1/fc2 change.
+double ref_loss(const std::vector<double>& p, const std::vector<RefSample>& samples, const DropoutKey* key,
+                const std::vector<std::vector<double>>* features = nullptr) {
+  double loss = 0;
+  for (std::size_t n = 0; n < samples.size(); ++n) {
+    const auto f = features != nullptr ? (*features)[n] : ref_features(p, samples[n], key);
+    loss -= ref_head(p, f, samples[n], key)[samples[n].label];
+  }
+  return loss / static_cast<double>(samples.size());
+}
+
+std::vector<float> logprobs(Replica& replica, const Batch& batch, bool train, const DropoutKey& key) {
+  replica.set_input(batch);
+  replica.forward(train, key, batch.size);
+  std::vector<float> out(batch.size * kClasses);
+  replica.read_logprobs(out);
+  return out;
+}
+
+// Dropout on: the replica's log-probabilities equal the reference's, whose masks come from
+// dropout_keep() and whose kept values are scaled by 1/(1-p); dropout off likewise.
+TEST_F(ReplicaTest, DropoutMatchesReference) {
+  const auto params = initial_params(21);
+  const Batch batch = make_batch(random_batch(3, 5).images, {1, 7, 3}, {5, 17, 40000});
+  auto replica = make_cpu_replica(device_, 3);
+  replica->write_params(params);
+  const auto p = to_double(params);
+  const auto samples = ref_samples(batch);
+  const DropoutKey key{0x1234567890ull, 4};
+  const auto train = logprobs(*replica, batch, true, key);
+  const auto eval = logprobs(*replica, batch, false, key);
+  double moved = 0;
+  for (std::size_t n = 0; n < samples.size(); ++n) {
+    const auto want_train = ref_head(p, ref_features(p, samples[n], &key), samples[n], &key);
+    const auto want_eval = ref_head(p, ref_features(p, samples[n], nullptr), samples[n], nullptr);
+    for (std::size_t k = 0; k < kClasses; ++k) {
+      EXPECT_NEAR(train[n * kClasses + k], want_train[k], 1e-5 * std::abs(want_train[k]) + 1e-6) << n << " " << k;
+      EXPECT_NEAR(eval[n * kClasses + k], want_eval[k], 1e-5 * std::abs(want_eval[k]) + 1e-6) << n << " " << k;
+      moved = std::max(moved, std::abs(want_train[k] - want_eval[k]));
+    }
+  }
+  EXPECT_GT(moved, 1e-2);  // dropout changed the outputs enough for the comparison to tell
+}
+
+// The replica's gradients (dropout on) against central differences of the float64
+// reference loss, on a sample of every layer's weights and biases: the elements with the
+// largest gradients, two further down the order and two random ones. h = 1e-6: float64
+// rounding stays ~1e-9, and the step crosses almost no ReLU/max kink (a bias shifts a whole
+// channel; at h = 1e-5 one crossing already moved conv1.bias's difference by 1e-3). The
+// fp32 gradients agree within ~1e-6 relative.
+TEST_F(ReplicaTest, GradientsMatchFiniteDifferences) {
+  const auto params = initial_params(33);
+  const Batch batch = random_batch(2, 9, 100);
+  const DropoutKey key{77, 2};
+  auto replica = make_cpu_replica(device_, 2);
+  replica->write_params(params);
+  replica->set_input(batch);
+  replica->forward(true, key, 2);
+  replica->backward([](int) {});
+  std::vector<float> grads(kParamCount);
+  replica->read_grads(grads);
+
+  auto p = to_double(params);
+  const auto samples = ref_samples(batch);
+  std::vector<std::vector<double>> features;
+  for (const auto& s : samples) features.push_back(ref_features(p, s, &key));
+  std::mt19937 rng(4);
+  constexpr double kH = 1e-6;
+  for (std::size_t pi = 0; pi < kParams.size(); ++pi) {
+    const ParamInfo& info = kParams[pi];
+    const bool conv = pi < 4;
+    std::vector<std::size_t> order(info.count);
+    std::iota(order.begin(), order.end(), info.offset);
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return std::abs(grads[a]) > std::abs(grads[b]); });
+    const double largest = std::abs(grads[order[0]]);
+    ASSERT_GT(largest, 0) << info.name;
+    std::vector<std::size_t> picks{order[0], order[1], order[info.count / 50], order[info.count / 5]};
+    for (int r = 0; r < 2; ++r) picks.push_back(info.offset + rng() % info.count);
+    for (std::size_t i : picks) {
+      const double saved = p[i];
+      p[i] = saved + kH;
+      const double up = ref_loss(p, samples, &key, conv ? nullptr : &features);
+      p[i] = saved - kH;
+      const double down = ref_loss(p, samples, &key, conv ? nullptr : &features);
+      p[i] = saved;
+      const double fd = (up - down) / (2 * kH);
+      EXPECT_NEAR(grads[i], fd, 1e-4 * std::abs(fd) + 1e-5 * largest)
+          << info.name << "[" << i - info.offset << "], largest " << largest;
+    }
+  }
+}
+
+// ---- The dropout kernels on their own. ----
+
+// Each element is kept exactly when dropout_keep() says so, and then scaled by 1/(1-p).
+TEST(DropoutKernels, ForwardKeepsAsDropoutKeepAndScales) {
+  const std::vector<std::uint32_t> samples{0, 3, 59999, 12345};
+  const DropoutKey key{0xabcdef0123ull, 9};
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(0.5f, 2.0f);
+  for (auto [stream, elements, p] : {std::tuple{RandomStream::kDropout0, 9216u, kDropout1},
+                                     std::tuple{RandomStream::kDropout1, 128u, kDropout2},
+                                     std::tuple{RandomStream::kDropout1, 70u, 0.3f}}) {
+    std::vector<float> x(samples.size() * elements);
+    for (float& v : x) v = dist(rng);
+    std::vector<float> y = x;
+    dropout_forward(key, samples.data(), static_cast<std::uint32_t>(samples.size()), stream, elements, p, y.data());
+    const float scale = 1.0f / (1.0f - p);
+    for (std::size_t n = 0; n < samples.size(); ++n)
+      for (std::uint32_t e = 0; e < elements; ++e) {
+        const std::size_t i = n * elements + e;
+        ASSERT_EQ(y[i], dropout_keep(key.seed, key.epoch, samples[n], stream, e, p) ? x[i] * scale : 0.0f)
+            << "sample " << samples[n] << " element " << e;
+      }
+  }
+}
+
+// The gradient passes, scaled, exactly where the forward output is positive.
+TEST(DropoutKernels, BackwardPassesWhereOutputIsPositive) {
+  const std::vector<float> out{0.0f, 1.5f, 0.0f, 2e-38f, 3.0f};
+  std::vector<float> d{1.0f, 2.0f, -3.0f, 4.0f, -5.0f};
+  relu_dropout_backward(out.data(), 2.0f, out.size(), d.data());
+  EXPECT_EQ(d, (std::vector<float>{0.0f, 4.0f, 0.0f, 8.0f, -10.0f}));
+}
+
+// ---- The contract with the trainer. ----
+
+// grads_ready(l) comes on the calling thread in the order fc2, fc1, conv2, conv1, and work
+// it queues on the comm stream behind comm_wait_compute() sees that layer's final
+// gradients: what lets the allreduce of fc2/fc1 overlap the conv backward.
+TEST_F(ReplicaTest, GradsReadyInOrderAndVisibleToTheCommStream) {
+  auto replica = make_cpu_replica(device_, 4);
+  replica->write_params(initial_params(3));
+  const DropoutKey key{1, 0};
+  std::vector<float> before(kParamCount), after(kParamCount);
+  replica->set_input(random_batch(4, 1));
+  replica->forward(true, key, 4);
+  replica->backward([](int) {});
+  replica->read_grads(before);
+
+  replica->set_input(random_batch(4, 2));
+  replica->forward(true, key, 4);
+  std::vector<int> order;
+  std::vector<std::vector<float>> seen(kLayers);
+  const auto caller = std::this_thread::get_id();
+  replica->backward([&](int layer) {
+    EXPECT_EQ(std::this_thread::get_id(), caller);
+    order.push_back(layer);
+    device_.comm_wait_compute();
+    const Range r = layer_range(layer);
+    device_.comm().enqueue([&seen, layer, r, g = replica->grads()] { seen[layer].assign(g + r.offset, g + r.offset + r.count); });
+  });
+  device_.synchronize();
+  replica->read_grads(after);
+  EXPECT_EQ(order, (std::vector<int>{kFc2, kFc1, kConv2, kConv1}));
+  for (int layer = 0; layer < kLayers; ++layer) {
+    const Range r = layer_range(layer);
+    const std::vector<float> want(after.begin() + r.offset, after.begin() + r.offset + r.count);
+    EXPECT_EQ(seen[layer], want) << "layer " << layer;
+    EXPECT_NE(std::vector<float>(before.begin() + r.offset, before.begin() + r.offset + r.count), want) << layer;
+  }
+}
+
+// set_input, forward, backward (callbacks included) and sgd_step only enqueue: they return
+// while the compute stream is still held up by earlier work.
+TEST_F(ReplicaTest, StepCallsReturnWithoutWaitingForTheDevice) {
+  auto replica = make_cpu_replica(device_, 2);
+  replica->write_params(initial_params(9));
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> released_flag{false};
+  device_.compute().enqueue([released] { released.wait(); });
+  std::thread watchdog([&] {  // frees the stream anyway, so a blocking call fails instead of hanging
+    if (released.wait_for(std::chrono::seconds(20)) == std::future_status::timeout && !released_flag.exchange(true))
+      release.set_value();
+  });
+  std::vector<int> order;
+  replica->set_input(random_batch(2, 4));
+  replica->forward(true, {3, 1}, 2);
+  replica->backward([&](int layer) { order.push_back(layer); });
+  replica->sgd_step({0.01f, 0.9f, 0.0f});
+  const bool returned_while_held = !released_flag.exchange(true);
+  if (returned_while_held) release.set_value();
+  device_.synchronize();
+  watchdog.join();
+  EXPECT_TRUE(returned_while_held);
+  EXPECT_EQ(order, (std::vector<int>{kFc2, kFc1, kConv2, kConv1}));
+}
+
+// Gradients are overwritten by each backward, never accumulated.
+TEST_F(ReplicaTest, BackwardOverwritesGradients) {
+  const auto params = initial_params(4);
+  const DropoutKey key{2, 1};
+  auto grads_after = [&](const std::vector<Batch>& batches) {
+    auto replica = make_cpu_replica(device_, 4);
+    replica->write_params(params);
+    for (const Batch& b : batches) {
+      replica->set_input(b);
+      replica->forward(true, key, 4);
+      replica->backward([](int) {});
+    }
+    std::vector<float> g(kParamCount);
+    replica->read_grads(g);
+    return g;
+  };
+  EXPECT_EQ(grads_after({random_batch(4, 7), random_batch(4, 8)}), grads_after({random_batch(4, 8)}));
+}
+
+// A smaller batch (the last one of an evaluation) gets its own primitives; each sample's
+// outputs do not depend on the batch it came in, dropout included (DESIGN.md decision 5).
+TEST_F(ReplicaTest, SmallerBatchesGiveTheSameSamples) {
+  auto replica = make_cpu_replica(device_, 6);
+  replica->write_params(initial_params(5));
+  const Batch all = random_batch(6, 3, 1000);
+  const DropoutKey key{9, 3};
+  const auto full = logprobs(*replica, all, true, key);
+  Batch tail = all;
+  tail.size = 2;
+  tail.images.assign(all.images.begin() + 4 * kImageBytes, all.images.end());
+  tail.labels.assign(all.labels.begin() + 4, all.labels.end());
+  tail.indices.assign(all.indices.begin() + 4, all.indices.end());
+  const auto part = logprobs(*replica, tail, true, key);
+  for (std::size_t i = 0; i < part.size(); ++i)
+    EXPECT_NEAR(part[i], full[4 * kClasses + i], 1e-6 * std::abs(full[4 * kClasses + i])) << i;
+  EXPECT_EQ(logprobs(*replica, all, true, key), full);
+  const Batch too_big = random_batch(7, 1);
+  EXPECT_THROW(replica->set_input(too_big), RuntimeFailure);
+}
+
+// take_stats sums NLL, correct argmaxes and samples over the forwards since the last call.
+TEST_F(ReplicaTest, StatsSumOverForwards) {
+  auto replica = make_cpu_replica(device_, 5);
+  replica->write_params(initial_params(6));
+  double loss = 0, correct = 0;
+  for (std::uint32_t seed : {1u, 2u}) {
+    const Batch b = random_batch(5, seed);
+    const auto lp = logprobs(*replica, b, false, {});
+    for (std::uint32_t n = 0; n < 5; ++n) {
+      const auto row = lp.begin() + n * kClasses;
+      loss -= row[b.labels[n]];
+      correct += std::max_element(row, row + kClasses) - row == b.labels[n];
+      EXPECT_NEAR(std::accumulate(row, row + kClasses, 0.0, [](double a, float v) { return a + std::exp(v); }), 1.0, 1e-5);
+    }
+  }
+  const StepStats stats = replica->take_stats();
+  EXPECT_EQ(stats.samples, 10);
+  EXPECT_NEAR(stats.loss_sum, loss, 1e-5 * loss);
+  EXPECT_EQ(stats.correct, correct);
+  EXPECT_EQ(replica->take_stats().samples, 0);
+}
+
+// set_input copies the batch: the caller may refill its buffers at once.
+TEST_F(ReplicaTest, SetInputCopiesTheBatch) {
+  auto replica = make_cpu_replica(device_, 3);
+  replica->write_params(initial_params(7));
+  const Batch b = random_batch(3, 11);
+  const auto want = logprobs(*replica, b, true, {5, 5});
+  Batch reused = b;
+  replica->set_input(reused);
+  std::fill(reused.images.begin(), reused.images.end(), 0);
+  std::fill(reused.labels.begin(), reused.labels.end(), 0);
+  std::fill(reused.indices.begin(), reused.indices.end(), 0);
+  replica->forward(true, {5, 5}, 3);
+  std::vector<float> got(3 * kClasses);
+  replica->read_logprobs(got);
+  EXPECT_EQ(got, want);
+}
+
+// A loaded momentum buffer is continued (buf = m*buf + g), not restarted (buf = g).
+TEST_F(ReplicaTest, SgdContinuesWrittenMomentum) {
+  auto replica = make_cpu_replica(device_, 2);
+  const auto params = initial_params(8);
+  replica->write_params(params);
+  std::vector<float> zeros(kParamCount), momentum(kParamCount), m0(kParamCount);
+  replica->read_momentum(momentum);
+  EXPECT_EQ(momentum, zeros);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> dist(0, 0.01f);
+  for (float& v : m0) v = dist(rng);
+  replica->write_momentum(m0);
+  replica->set_input(random_batch(2, 3));
+  replica->forward(true, {}, 2);
+  replica->backward([](int) {});
+  const SgdOptions sgd{0.05f, 0.8f, 0.01f};
+  replica->sgd_step(sgd);
+  std::vector<float> g(kParamCount), p(kParamCount);
+  replica->read_grads(g);
+  replica->read_params(p);
+  replica->read_momentum(momentum);
+  for (std::size_t i = 0; i < kParamCount; i += 101) {
+    const float buf = sgd.momentum * m0[i] + (g[i] + sgd.weight_decay * params[i]);
+    ASSERT_NEAR(momentum[i], buf, 1e-6f * (std::abs(buf) + 1e-3f)) << i;
+    ASSERT_NEAR(p[i], params[i] - sgd.lr * buf, 1e-7f) << i;
+  }
+}
+
+}  // namespace
+}  // namespace mnist_mt::cpu

@@ -1,1 +1,159 @@
-// placeholder
+#include "kernels.hpp"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+
+#include "mnist_mt/dataset.hpp"
+#include "mnist_mt/model.hpp"
+
+// The loops below are written for auto-vectorisation; GCC builds each hot one for AVX-512,
+// AVX2 and the baseline, and picks the best at load time through an ifunc resolver. Under
+// ThreadSanitizer the resolver would run before the sanitizer's runtime is up and crash,
+// so that build keeps the baseline alone.
+#if defined(__SANITIZE_THREAD__)
+#define MNIST_MT_CLONES
+#else
+#define MNIST_MT_CLONES [[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]]
+#endif
+
+namespace mnist_mt::cpu {
+namespace {
+
+// Philox over kLanes consecutive counters at once, as GCC vectors (one AVX-512 register).
+constexpr int kLanes = 16;
+using U32x = std::uint32_t __attribute__((vector_size(4 * kLanes)));
+using U64x = std::uint64_t __attribute__((vector_size(8 * kLanes)));
+using F32x = float __attribute__((vector_size(4 * kLanes)));
+
+[[gnu::always_inline]] inline void mul_hi_lo(const U32x& a, std::uint32_t m, U32x& hi, U32x& lo) {
+  const U64x product = __builtin_convertvector(a, U64x) * std::uint64_t{m};
+  hi = __builtin_convertvector(product >> 32, U32x);
+  lo = __builtin_convertvector(product, U32x);
+}
+
+// Multiplies x[0..63] by the dropout factors (scale or 0) of the 16 counters' words
+// c0..c3; element 4*lane + word takes word `word` of counter `lane`. The interleave is two
+// rounds of two-register shuffles.
+[[gnu::always_inline]] inline void apply_factors(const U32x& c0, const U32x& c1, const U32x& c2, const U32x& c3,
+                                                 std::uint32_t threshold, float scale, float* x) {
+  const U32x bits = U32x{} + std::bit_cast<std::uint32_t>(scale);
+  const F32x f0 = reinterpret_cast<F32x>(reinterpret_cast<U32x>((c0 >> 8) >= threshold) & bits);
+  const F32x f1 = reinterpret_cast<F32x>(reinterpret_cast<U32x>((c1 >> 8) >= threshold) & bits);
+  const F32x f2 = reinterpret_cast<F32x>(reinterpret_cast<U32x>((c2 >> 8) >= threshold) & bits);
+  const F32x f3 = reinterpret_cast<F32x>(reinterpret_cast<U32x>((c3 >> 8) >= threshold) & bits);
+  const F32x a_lo = __builtin_shufflevector(f0, f1, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const F32x a_hi = __builtin_shufflevector(f0, f1, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  const F32x b_lo = __builtin_shufflevector(f2, f3, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const F32x b_hi = __builtin_shufflevector(f2, f3, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  const F32x out[4] = {
+      __builtin_shufflevector(a_lo, b_lo, 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23),
+      __builtin_shufflevector(a_lo, b_lo, 8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31),
+      __builtin_shufflevector(a_hi, b_hi, 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23),
+      __builtin_shufflevector(a_hi, b_hi, 8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31)};
+  for (int j = 0; j < 4; ++j) {
+    F32x v;
+    __builtin_memcpy(&v, x + kLanes * j, sizeof v);
+    v *= out[j];
+    __builtin_memcpy(x + kLanes * j, &v, sizeof v);
+  }
+}
+
+// uniform01(bits) >= p exactly when (bits >> 8) >= ceil(p * 2^24): both sides are exact.
+std::uint32_t keep_threshold(float p) { return static_cast<std::uint32_t>(std::ceil(double{p} * 16777216.0)); }
+
+const std::array<float, 256>& normalise_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int v = 0; v < 256; ++v) t[v] = (static_cast<float>(v) / 255.0f - kInputMean) / kInputStd;
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+void normalise_images(const std::uint8_t* pixels, std::size_t count, float* out) {
+  const std::array<float, 256>& table = normalise_table();
+  for (std::size_t i = 0; i < count; ++i) out[i] = table[pixels[i]];
+}
+
+MNIST_MT_CLONES
+void dropout_forward(const DropoutKey& key, const std::uint32_t* samples, std::uint32_t batch, RandomStream stream,
+                     std::uint32_t elements, float p, float* x) {
+  const std::uint32_t threshold = keep_threshold(p);
+  const float scale = 1.0f / (1.0f - p);
+  U32x lane{};
+  for (int l = 0; l < kLanes; ++l) lane[l] = static_cast<std::uint32_t>(l);
+  const auto k0_init = static_cast<std::uint32_t>(key.seed), k1_init = static_cast<std::uint32_t>(key.seed >> 32);
+  for (std::uint32_t n = 0; n < batch; ++n) {
+    float* row = x + std::size_t{n} * elements;
+    for (std::uint32_t base = 0; base < elements; base += 4 * kLanes) {
+      // Counter {element/4, sample, stream, epoch}, as dropout_keep() in philox.hpp.
+      U32x c0 = lane + base / 4, c1 = U32x{} + samples[n];
+      U32x c2 = U32x{} + static_cast<std::uint32_t>(stream), c3 = U32x{} + key.epoch;
+      std::uint32_t k0 = k0_init, k1 = k1_init;
+      for (int round = 0; round < 10; ++round) {
+        U32x hi0, lo0, hi1, lo1;
+        mul_hi_lo(c0, 0xD2511F53u, hi0, lo0);
+        mul_hi_lo(c2, 0xCD9E8D57u, hi1, lo1);
+        c0 = hi1 ^ c1 ^ k0;
+        c1 = lo1;
+        c2 = hi0 ^ c3 ^ k1;
+        c3 = lo0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+      }
+      if (elements - base >= 4 * kLanes) {
+        apply_factors(c0, c1, c2, c3, threshold, scale, row + base);
+      } else {  // a short last block, through a full-size copy
+        float tail[4 * kLanes] = {};
+        std::copy(row + base, row + elements, tail);
+        apply_factors(c0, c1, c2, c3, threshold, scale, tail);
+        std::copy(tail, tail + (elements - base), row + base);
+      }
+    }
+  }
+}
+
+MNIST_MT_CLONES
+void relu_dropout_backward(const float* out, float scale, std::size_t count, float* d) {
+  for (std::size_t i = 0; i < count; ++i) d[i] = out[i] > 0.0f ? d[i] * scale : 0.0f;
+}
+
+void log_softmax_nll(const float* logits, const std::uint8_t* labels, std::uint32_t batch, float denominator,
+                     float* logp, float* dlogits, LossSums& sums) {
+  for (std::uint32_t n = 0; n < batch; ++n) {
+    const float* x = logits + n * kClasses;
+    std::uint32_t best = 0;
+    for (std::uint32_t k = 1; k < kClasses; ++k)
+      if (x[k] > x[best]) best = k;
+    double sum = 0;
+    for (std::uint32_t k = 0; k < kClasses; ++k) sum += std::exp(double{x[k]} - double{x[best]});
+    const double lse = double{x[best]} + std::log(sum);
+    float* lp = logp + n * kClasses;
+    float* d = dlogits + n * kClasses;
+    for (std::uint32_t k = 0; k < kClasses; ++k) {
+      lp[k] = static_cast<float>(double{x[k]} - lse);
+      d[k] = (std::exp(lp[k]) - (k == labels[n] ? 1.0f : 0.0f)) / denominator;
+    }
+    sums.loss -= lp[labels[n]];
+    sums.correct += best == labels[n] ? 1 : 0;
+  }
+}
+
+MNIST_MT_CLONES
+void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdOptions& options,
+                bool first_step) {
+  // buf = 0*buf + g on the first step: the buffer is all zeros then, so this is buf = g.
+  const float m = first_step ? 0.0f : options.momentum, wd = options.weight_decay, lr = options.lr;
+  for (std::size_t i = 0; i < count; ++i) {
+    const float g = grads[i] + wd * params[i];
+    const float buf = m * momentum[i] + g;
+    momentum[i] = buf;
+    params[i] -= lr * buf;
+  }
+}
+
+}  // namespace mnist_mt::cpu

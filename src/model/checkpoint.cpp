@@ -1,1 +1,297 @@
-// placeholder
+// safetensors checkpoints: 8-byte little-endian header length, a JSON header naming each
+// tensor's dtype, shape and byte range, then the raw little-endian data.
+#include "mnist_mt/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/model.hpp"
+
+namespace mnist_mt {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+
+constexpr std::string_view kFormatVersion = "1";
+constexpr std::string_view kMomentumPrefix = "momentum.";
+constexpr std::uint64_t kMaxHeaderBytes = 100u << 20;  // safetensors' own limit
+
+using Json = nlohmann::ordered_json;
+
+[[noreturn]] void fail(const std::filesystem::path& path, const std::string& problem) {
+  throw InputError(path.string() + ": " + problem);
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+// One tensor of the file: a parameter, or its momentum.
+struct Slot {
+  std::string name;
+  const ParamInfo* param;
+  bool momentum;
+};
+
+std::vector<Slot> slots(bool with_momentum) {
+  std::vector<Slot> out;
+  for (const ParamInfo& p : kParams) out.push_back({std::string(p.name), &p, false});
+  if (with_momentum)
+    for (const ParamInfo& p : kParams) out.push_back({std::string(kMomentumPrefix) + std::string(p.name), &p, true});
+  return out;
+}
+
+Json shape_json(const ParamInfo& p) {
+  Json shape = Json::array();
+  for (int d = 0; d < p.dims; ++d) shape.push_back(p.shape[d]);
+  return shape;
+}
+
+std::string header_text(const Checkpoint& c) {
+  Json header = Json::object();
+  header["__metadata__"] = {{"format", "pt"},
+                            {"format_version", std::string(kFormatVersion)},
+                            {"epoch", std::to_string(c.epoch)},
+                            {"step", std::to_string(c.step)},
+                            {"seed", std::to_string(c.seed)}};
+  std::uint64_t offset = 0;
+  for (const Slot& s : slots(!c.momentum.empty())) {
+    const std::uint64_t bytes = s.param->count * sizeof(float);
+    header[s.name] = {{"dtype", "F32"}, {"shape", shape_json(*s.param)}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');  // keeps the data 8-byte aligned
+  return text;
+}
+
+// A temp file beside the target; removed unless committed by rename.
+class TempFile {
+ public:
+  explicit TempFile(const std::filesystem::path& target) {
+    static std::atomic<unsigned> counter{0};
+    for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
+      std::string name(".");  // hidden, and never mistaken for a checkpoint
+      name += target.filename().string();
+      name += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+      path_ = target;
+      path_.replace_filename(name);
+      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (fd_ < 0 && errno != EEXIST) break;
+    }
+    if (fd_ < 0) fail(target, "cannot create a temp file in its directory: " + errno_text());
+  }
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(path_.c_str());
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+
+  void write(const std::filesystem::path& target, const void* data, std::size_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd_, p, bytes);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail(target, "cannot write: " + errno_text());
+      p += n;
+      bytes -= static_cast<std::size_t>(n);
+    }
+  }
+
+  void commit(const std::filesystem::path& target) {
+    if (::fsync(fd_) != 0) fail(target, "cannot fsync: " + errno_text());
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) fail(target, "cannot close: " + errno_text());
+    if (::rename(path_.c_str(), target.c_str()) != 0) fail(target, "cannot rename the temp file: " + errno_text());
+    committed_ = true;
+  }
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// The rename is durable only once the directory entry is on disk.
+void sync_directory(const std::filesystem::path& target) {
+  const std::filesystem::path dir = target.parent_path().empty() ? "." : target.parent_path();
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail(target, "cannot open its directory to fsync: " + errno_text());
+  const int rc = ::fsync(fd);
+  const int saved = errno;
+  ::close(fd);
+  errno = saved;
+  if (rc != 0) fail(target, "cannot fsync its directory: " + errno_text());
+}
+
+std::vector<char> read_file(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, "cannot open: " + errno_text());
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail(path, "cannot stat: " + errno_text());
+  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+  std::vector<char> bytes(static_cast<std::size_t>(st.st_size));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(path, "cannot read: " + errno_text());
+    if (n == 0) fail(path, "file shrank while being read");
+    done += static_cast<std::size_t>(n);
+  }
+  return bytes;
+}
+
+std::string shape_text(const Json& shape) { return shape.dump(); }
+
+// Byte range of one tensor within the data section.
+struct Extent {
+  std::uint64_t begin, end;
+  const std::string* name;
+};
+
+Extent check_tensor(const std::filesystem::path& path, const std::string& name, const Json& entry,
+                    const ParamInfo& param, std::uint64_t data_bytes) {
+  if (!entry.is_object()) fail(path, "tensor '" + name + "' is not a JSON object");
+  const auto dtype = entry.find("dtype");
+  if (dtype == entry.end() || !dtype->is_string()) fail(path, "tensor '" + name + "' has no dtype");
+  if (*dtype != "F32") fail(path, "tensor '" + name + "' has dtype " + dtype->get<std::string>() + ", expected F32");
+  const auto shape = entry.find("shape");
+  const bool shape_ok = shape != entry.end() && shape->is_array() &&
+                        std::all_of(shape->begin(), shape->end(), [](const Json& d) { return d.is_number_unsigned(); }) &&
+                        *shape == shape_json(param);
+  if (!shape_ok)
+    fail(path, "tensor '" + name + "' has shape " + (shape == entry.end() ? "(none)" : shape_text(*shape)) +
+                   ", expected " + shape_text(shape_json(param)));
+  const auto offsets = entry.find("data_offsets");
+  if (offsets == entry.end() || !offsets->is_array() || offsets->size() != 2 || !(*offsets)[0].is_number_unsigned() ||
+      !(*offsets)[1].is_number_unsigned())
+    fail(path, "tensor '" + name + "' has no valid data_offsets");
+  const auto begin = (*offsets)[0].get<std::uint64_t>(), end = (*offsets)[1].get<std::uint64_t>();
+  if (begin > end || end > data_bytes)
+    fail(path, "tensor '" + name + "' has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                   "] outside the " + std::to_string(data_bytes) + "-byte data section");
+  if (end - begin != param.count * sizeof(float))
+    fail(path, "tensor '" + name + "' has " + std::to_string(end - begin) + " bytes, expected " +
+                   std::to_string(param.count * sizeof(float)));
+  return {begin, end, &name};
+}
+
+template <class T>
+T metadata_number(const std::filesystem::path& path, const Json& metadata, const char* key) {
+  const auto it = metadata.find(key);
+  if (it == metadata.end()) fail(path, std::string("metadata has no '") + key + "'");
+  const auto& text = it->get_ref<const std::string&>();
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc{} || end != text.data() + text.size())
+    fail(path, std::string("metadata '") + key + "' is not an unsigned integer: '" + text + "'");
+  return value;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint) {
+  if (checkpoint.params.size() != kParamCount ||
+      (!checkpoint.momentum.empty() && checkpoint.momentum.size() != kParamCount))
+    throw RuntimeFailure("save_checkpoint: params/momentum must hold " + std::to_string(kParamCount) + " floats");
+  const std::string header = header_text(checkpoint);
+  const std::uint64_t header_bytes = header.size();
+  TempFile file(path);
+  file.write(path, &header_bytes, sizeof header_bytes);
+  file.write(path, header.data(), header.size());
+  file.write(path, checkpoint.params.data(), checkpoint.params.size() * sizeof(float));
+  if (!checkpoint.momentum.empty())
+    file.write(path, checkpoint.momentum.data(), checkpoint.momentum.size() * sizeof(float));
+  file.commit(path);
+  sync_directory(path);
+}
+
+Checkpoint load_checkpoint(const std::filesystem::path& path) {
+  const std::vector<char> bytes = read_file(path);
+  if (bytes.size() < 8) fail(path, "truncated: " + std::to_string(bytes.size()) + " bytes, no header length");
+  std::uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, bytes.data(), 8);
+  if (header_bytes > kMaxHeaderBytes) fail(path, "header length " + std::to_string(header_bytes) + " exceeds 100 MiB");
+  if (header_bytes > bytes.size() - 8)
+    fail(path, "truncated: header of " + std::to_string(header_bytes) + " bytes declared, " +
+                   std::to_string(bytes.size() - 8) + " present");
+  const char* data = bytes.data() + 8 + header_bytes;
+  const std::uint64_t data_bytes = bytes.size() - 8 - header_bytes;
+
+  Json header;
+  try {
+    header = Json::parse(bytes.data() + 8, data);
+  } catch (const Json::exception& e) {
+    fail(path, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) fail(path, "header is not a JSON object");
+
+  const auto metadata = header.find("__metadata__");
+  if (metadata == header.end()) fail(path, "no __metadata__ (format_version, epoch, step, seed)");
+  if (!metadata->is_object() ||
+      !std::all_of(metadata->begin(), metadata->end(), [](const Json& v) { return v.is_string(); }))
+    fail(path, "__metadata__ is not a map of strings");
+  const auto version = metadata->find("format_version");
+  if (version == metadata->end() || *version != kFormatVersion)
+    fail(path, "unsupported format_version " + (version == metadata->end() ? "(none)" : version->dump()) +
+                   ", expected \"" + std::string(kFormatVersion) + "\"");
+
+  const bool with_momentum = std::any_of(header.items().begin(), header.items().end(),
+                                         [](const auto& item) { return item.key().starts_with(kMomentumPrefix); });
+  const std::vector<Slot> expected = slots(with_momentum);
+  for (const auto& [name, entry] : header.items())
+    if (name != "__metadata__" &&
+        std::none_of(expected.begin(), expected.end(), [&](const Slot& s) { return s.name == name; }))
+      fail(path, "unexpected tensor '" + name + "'");
+
+  std::vector<Extent> extents;
+  for (const Slot& s : expected) {
+    const auto entry = header.find(s.name);
+    if (entry == header.end()) fail(path, "missing tensor '" + s.name + "'");
+    extents.push_back(check_tensor(path, s.name, *entry, *s.param, data_bytes));
+  }
+  // The tensors must tile the data section exactly: no overlap, no gap, nothing after.
+  std::vector<Extent> sorted = extents;
+  std::sort(sorted.begin(), sorted.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
+  std::uint64_t covered = 0;
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i].begin < covered) fail(path, "tensors '" + *sorted[i - 1].name + "' and '" + *sorted[i].name + "' overlap");
+    if (sorted[i].begin > covered)
+      fail(path, "bytes [" + std::to_string(covered) + ", " + std::to_string(sorted[i].begin) +
+                     ") of the data section belong to no tensor");
+    covered = sorted[i].end;
+  }
+  if (covered != data_bytes)
+    fail(path, "data section has " + std::to_string(data_bytes) + " bytes, the tensors cover " + std::to_string(covered));
+
+  Checkpoint checkpoint;
+  checkpoint.epoch = metadata_number<std::uint32_t>(path, *metadata, "epoch");
+  checkpoint.step = metadata_number<std::uint64_t>(path, *metadata, "step");
+  checkpoint.seed = metadata_number<std::uint64_t>(path, *metadata, "seed");
+  checkpoint.params.resize(kParamCount);
+  if (with_momentum) checkpoint.momentum.resize(kParamCount);
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    float* out = (expected[i].momentum ? checkpoint.momentum : checkpoint.params).data() + expected[i].param->offset;
+    std::memcpy(out, data + extents[i].begin, extents[i].end - extents[i].begin);
+  }
+  return checkpoint;
+}
+
+}  // namespace mnist_mt

@@ -1,0 +1,40 @@
+#pragma once
+// The CPU backend's own kernels: the small operations oneDNN has no primitive for.
+// All run on the calling thread (a device's compute stream) and allocate nothing.
+#include <cstddef>
+#include <cstdint>
+
+#include "mnist_mt/philox.hpp"
+#include "mnist_mt/replica.hpp"
+
+namespace mnist_mt::cpu {
+
+// (x/255 - mean)/std in fp32, the operations of torchvision's ToTensor and Normalize.
+void normalise_images(const std::uint8_t* pixels, std::size_t count, float* out);
+
+// Dropout in place on `batch` rows of `elements`: element e of row n is scaled by 1/(1-p)
+// when dropout_keep(key.seed, key.epoch, samples[n], stream, e, p), else zeroed (PyTorch's
+// train-mode Dropout with DESIGN.md decision 5's masks). e is PyTorch's flatten order.
+void dropout_forward(const DropoutKey& key, const std::uint32_t* samples, std::uint32_t batch, RandomStream stream,
+                     std::uint32_t elements, float p, float* x);
+
+// The backward of a ReLU followed by dropout scaled by `scale` (1 when dropout is off), in
+// place, from the dropout's output: d = out > 0 ? d * scale : 0. A kept value is the ReLU
+// output times scale > 0, so out > 0 exactly where both let the gradient through.
+void relu_dropout_backward(const float* out, float scale, std::size_t count, float* d);
+
+struct LossSums {
+  double loss = 0;     // sum of per-sample NLL
+  double correct = 0;  // samples whose argmax is the label
+};
+// Per row of 10 logits: log_softmax into logp, NLL of the label and argmax into sums, and
+// d(sum NLL)/d(logits)/denominator = (softmax - onehot)/denominator into dlogits.
+void log_softmax_nll(const float* logits, const std::uint8_t* labels, std::uint32_t batch, float denominator,
+                     float* logp, float* dlogits, LossSums& sums);
+
+// PyTorch's SGD (dampening 0, no Nesterov): g += wd*p; buf = momentum*buf + g, or buf = g
+// when first_step; p -= lr*buf.
+void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdOptions& options,
+                bool first_step);
+
+}  // namespace mnist_mt::cpu
