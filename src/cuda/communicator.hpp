@@ -1,0 +1,19 @@
+#pragma once
+// NCCL collectives among the GPUs of this process (include/mnist_mt/communicator.hpp).
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "device.hpp"
+#include "mnist_mt/communicator.hpp"
+
+namespace mnist_mt::cuda {
+
+// Main thread: one communicator per device from ncclCommInitAll, rank i on devices[i].
+// Every collective runs on its rank's comm stream. abort() on any of them aborts the
+// whole group, as the CPU communicator does, so no rank is left waiting for a peer.
+// allreduce_host() blocks its caller until every rank has called it, so one thread
+// cannot drive several ranks through it.
+std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CudaDevice* const> devices);
+
+}  // namespace mnist_mt::cuda

@@ -1,0 +1,51 @@
+#pragma once
+// A GPU as the trainer sees it (include/mnist_mt/device.hpp): a compute stream, a comm
+// stream (highest priority, so allreduce kernels are scheduled ahead of backward work)
+// and a copy stream for input uploads, ordered one against another by events only.
+#include <atomic>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "mnist_mt/device.hpp"
+#include "owners.hpp"
+
+namespace mnist_mt::cuda {
+
+class CudaDevice final : public Device {
+ public:
+  // Makes `id` current on the calling thread and creates the streams there.
+  explicit CudaDevice(int id);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  void activate() override;
+  void comm_wait_compute() override;
+  void compute_wait_comm() override;
+  void synchronize() override;
+  void wait_compute() override;
+  std::string name() const override { return "cuda:" + std::to_string(id_); }
+
+  int id() const { return id_; }
+  cudaStream_t compute() const { return compute_.get(); }
+  cudaStream_t comm() const { return comm_.get(); }
+  cudaStream_t copy() const { return copy_.get(); }
+
+  // Main thread, by the communicator group made for this device: its abort flag, which
+  // the device reports from then on.
+  void join_group(std::shared_ptr<const std::atomic<bool>> aborted) { group_aborted_ = std::move(aborted); }
+  // Throws Aborted once the device's communicator group has been aborted.
+  void throw_if_aborted() const;
+
+ private:
+  int id_;
+  StreamOwner compute_;
+  StreamOwner comm_;
+  StreamOwner copy_;
+  EventOwner compute_mark_;
+  EventOwner comm_mark_;
+  std::shared_ptr<const std::atomic<bool>> group_aborted_;  // none until a group is made
+};
+
+}  // namespace mnist_mt::cuda

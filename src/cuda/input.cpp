@@ -1,0 +1,69 @@
+#include "input.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "errors.hpp"
+#include "mnist_mt/error.hpp"
+
+namespace mnist_mt::cuda {
+namespace {
+
+// A batch of n samples packed as [images | labels | pad | indices], so one copy moves it.
+struct Layout {
+  std::size_t labels, indices, bytes;
+};
+
+Layout layout(std::uint32_t n) {
+  const std::size_t labels = std::size_t{n} * kImageBytes;
+  const std::size_t indices = (labels + n + 15) / 16 * 16;
+  return {labels, indices, indices + std::size_t{n} * sizeof(std::uint32_t)};
+}
+
+}  // namespace
+
+InputStage::InputStage(CudaDevice& device, std::uint32_t max_batch) : device_(device), max_batch_(max_batch) {
+  const std::size_t bytes = layout(max_batch).bytes;
+  for (Slot& s : slots_) {
+    s.host = PinnedBuffer<std::uint8_t>(bytes);
+    s.device = DeviceBuffer<std::uint8_t>(bytes);
+    s.uploaded = make_event();
+    s.consumed = make_event();
+  }
+}
+
+InputStage::~InputStage() {
+  // The pinned slots may still be the source of an upload in flight.
+  for (Slot& s : slots_) cudaEventSynchronize(s.uploaded.get());
+}
+
+DeviceBatch InputStage::upload(const Batch& batch) {
+  const std::uint32_t n = batch.size;
+  if (n == 0 || n > max_batch_ || batch.images.size() < std::size_t{n} * kImageBytes || batch.labels.size() < n ||
+      batch.indices.size() < n)
+    throw RuntimeFailure(device_.name() + ": batch of " + std::to_string(n) + " samples for a replica of at most " +
+                         std::to_string(max_batch_) + ", or its buffers are short");
+  current_ ^= 1;
+  Slot& s = slots_[current_];
+  const Layout at = layout(n);
+
+  // The host may overwrite the pinned slot once its previous upload is done: normally
+  // long ago, since two batches were enqueued after it.
+  CUDA_CHECK(cudaEventSynchronize(s.uploaded.get()));
+  std::uint8_t* host = s.host.data();
+  std::memcpy(host, batch.images.data(), std::size_t{n} * kImageBytes);
+  std::memcpy(host + at.labels, batch.labels.data(), n);
+  std::memcpy(host + at.indices, batch.indices.data(), std::size_t{n} * sizeof(std::uint32_t));
+
+  CUDA_CHECK(cudaStreamWaitEvent(device_.copy(), s.consumed.get(), 0));
+  CUDA_CHECK(cudaMemcpyAsync(s.device.data(), host, at.bytes, cudaMemcpyHostToDevice, device_.copy()));
+  CUDA_CHECK(cudaEventRecord(s.uploaded.get(), device_.copy()));
+  CUDA_CHECK(cudaStreamWaitEvent(device_.compute(), s.uploaded.get(), 0));
+
+  const std::uint8_t* dev = s.device.data();
+  return {n, dev, dev + at.labels, reinterpret_cast<const std::uint32_t*>(dev + at.indices)};
+}
+
+void InputStage::release() { CUDA_CHECK(cudaEventRecord(slots_[current_].consumed.get(), device_.compute())); }
+
+}  // namespace mnist_mt::cuda

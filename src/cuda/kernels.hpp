@@ -1,0 +1,68 @@
+#pragma once
+// Host launchers of our own kernels (the .cu files beside this header). Each enqueues on
+// `stream` and checks the launch. No CUDA header here, so plain C++ code includes it.
+#include <cstddef>
+#include <cstdint>
+
+#include "mnist_mt/philox.hpp"
+
+struct CUstream_st;
+
+namespace mnist_mt::cuda {
+
+using StreamHandle = CUstream_st*;  // cudaStream_t
+
+// The dropout applied to a layer's output, keyed as DESIGN.md decision 5: the element of
+// row r is kept when dropout_keep(seed, epoch, samples[r], stream, element, p), element
+// being its index within the row (PyTorch's flatten order). p == 0: no dropout.
+struct DropoutArgs {
+  const std::uint32_t* samples = nullptr;  // device: the global sample index of each row
+  std::uint64_t seed = 0;
+  std::uint32_t epoch = 0;
+  RandomStream stream = RandomStream::kDropout0;
+  float p = 0.0f;
+  float scale = 1.0f;  // 1/(1-p), applied to kept elements
+};
+
+// out = (images/255 - mean) / std, elementwise.
+void normalize_images(const std::uint8_t* images, float* out, std::size_t count, float mean, float std,
+                      StreamHandle stream);
+
+// In place on y[rows][channels][spatial]: y = dropout(relu(y + bias[channel])).
+void bias_relu_dropout(float* y, const float* bias, std::uint32_t rows, int channels, int spatial,
+                       const DropoutArgs& dropout, StreamHandle stream);
+// In place: grad = out > 0 ? grad * scale : 0, where out = dropout(relu(.)) of the forward
+// pass; an element passes only if it was kept and positive.
+void relu_dropout_backward(const float* out, float* grad, std::size_t count, float scale, StreamHandle stream);
+
+// out[rows][channels][side][side] = dropout(max over 2x2 windows of in[rows][channels][2side][2side]).
+void max_pool_dropout_forward(const float* in, float* out, std::uint32_t rows, int channels, int side,
+                              const DropoutArgs& dropout, StreamHandle stream);
+// Writes every element of grad_in: each window's gradient goes to its first maximum, and
+// only where the forward output is positive (kept by dropout, and by the ReLU before
+// the pool). `in` and `out` are the forward pass's input and output.
+void max_pool_dropout_backward(const float* in, const float* out, const float* grad_out, float* grad_in,
+                               std::uint32_t rows, int channels, int side, float scale, StreamHandle stream);
+
+// db[c] = sum over rows and spatial of dy[rows][channels][spatial], in a fixed order.
+void bias_grad(const float* dy, float* db, std::uint32_t rows, int channels, int spatial, StreamHandle stream);
+
+// From the fc2 product z[rows][10] and its bias: logprobs = log_softmax(z + bias);
+// dlogits = (softmax - onehot(label)) / denominator; stats[0] += sum of NLL,
+// stats[1] += correct argmaxes, stats[2] += rows. Deterministic.
+void log_softmax_nll(const float* z, const float* bias, const std::uint8_t* labels, std::uint32_t rows,
+                     float denominator, float* logprobs, float* dlogits, double* stats, StreamHandle stream);
+
+// PyTorch's SGD: d = g + wd*p; buf = first ? d : momentum*buf + d; p -= lr*buf. With
+// momentum 0 the buffer is d, which is PyTorch's step without a buffer. The gradient is
+// left as it is.
+struct SgdArgs {
+  float lr = 0.0f;
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+  bool first = false;  // the buffer starts as the first step's d
+};
+void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdArgs& args,
+                StreamHandle stream);
+
+}  // namespace mnist_mt::cuda

@@ -1,0 +1,284 @@
+#include "replica.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "conv.hpp"
+#include "errors.hpp"
+#include "input.hpp"
+#include "kernels.hpp"
+#include "linear.hpp"
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/model.hpp"
+
+namespace mnist_mt::cuda {
+namespace {
+
+// The template's layers: 1x28x28 -> conv1 32x26x26 -> conv2 64x24x24 -> pool 64x12x12
+// (9216) -> fc1 128 -> fc2 10. C: channels, P: positions per channel, A: per sample.
+constexpr ConvShape kConv1Shape{1, 32, 28, 3};
+constexpr ConvShape kConv2Shape{32, 64, 26, 3};
+constexpr int kC1 = kConv1Shape.out_channels, kP1 = kConv1Shape.out_side() * kConv1Shape.out_side();
+constexpr int kC2 = kConv2Shape.out_channels, kP2 = kConv2Shape.out_side() * kConv2Shape.out_side();
+constexpr int kA1 = kC1 * kP1;
+constexpr int kA2 = kC2 * kP2;
+constexpr int kPoolSide = kConv2Shape.out_side() / 2;
+constexpr int kFc1In = kC2 * kPoolSide * kPoolSide;
+constexpr int kFc1Out = 128;
+constexpr int kFc2Out = static_cast<int>(kClasses);
+static_assert(kFc1In == 9216);
+
+constexpr std::size_t kConvWorkspaceCap = std::size_t{256} << 20;
+constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;  // cuBLAS's advice for Hopper; ample before it
+
+CudaDevice& activated(CudaDevice& device) {
+  device.activate();
+  return device;
+}
+
+CublasOwner make_cublas(cudaStream_t stream, const DeviceBuffer<std::uint8_t>& workspace, bool tf32) {
+  cublasHandle_t handle = nullptr;
+  CUBLAS_CHECK(cublasCreate(&handle));
+  CublasOwner owner(handle);
+  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  // After the stream, which resets the workspace to cuBLAS's own: ours is allocated now,
+  // so no gemm allocates later.
+  CUBLAS_CHECK(cublasSetWorkspace(handle, workspace.data(), workspace.bytes()));
+  CUBLAS_CHECK(cublasSetMathMode(handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  return owner;
+}
+
+DropoutArgs dropout(const DeviceBatch& batch, const DropoutKey& key, RandomStream stream, float p) {
+  return {batch.indices, key.seed, key.epoch, stream, p, 1.0f / (1.0f - p)};
+}
+
+class CudaReplica final : public Replica {
+ public:
+  CudaReplica(CudaDevice& device, std::uint32_t max_batch, const BackendOptions& options)
+      : device_(activated(device)),
+        max_batch_(max_batch),
+        cudnn_(make_cudnn(device.compute())),
+        cublas_workspace_(kCublasWorkspace),
+        cublas_(make_cublas(device.compute(), cublas_workspace_, options.tf32)),
+        conv1_(kConv1Shape, options, false),
+        conv2_(kConv2Shape, options, true),
+        workspace_(std::max<std::size_t>(tune_convs(), 256)),
+        params_(kParamCount),
+        grads_(kParamCount),
+        momentum_(kParamCount),
+        x_(std::size_t{max_batch} * kImageBytes),
+        a1_(std::size_t{max_batch} * kA1),
+        a2_(std::size_t{max_batch} * kA2),
+        pooled_(std::size_t{max_batch} * kFc1In),
+        h_(std::size_t{max_batch} * kFc1Out),
+        z_(std::size_t{max_batch} * kFc2Out),
+        logprobs_(std::size_t{max_batch} * kFc2Out),
+        dlogits_(std::size_t{max_batch} * kFc2Out),
+        dh_(std::size_t{max_batch} * kFc1Out),
+        dpooled_(std::size_t{max_batch} * kFc1In),
+        da2_(std::size_t{max_batch} * kA2),
+        da1_(std::size_t{max_batch} * kA1),
+        stats_(3),
+        stats_host_(3),
+        input_(device, max_batch) {
+    warm_up();
+    zero_state();
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+
+  ~CudaReplica() override {
+    // Device memory and handles are released on their device.
+    cudaSetDevice(device_.id());
+  }
+
+  std::uint32_t max_batch() const override { return max_batch_; }
+
+  void set_input(const Batch& batch) override {
+    device_.activate();
+    batch_ = input_.upload(batch);
+    normalize_images(batch_.images, x_.data(), std::size_t{batch_.size} * kImageBytes, kInputMean, kInputStd,
+                     stream());
+    input_.release();
+  }
+
+  void forward(bool train, const DropoutKey& key, std::uint32_t loss_denominator) override {
+    device_.activate();
+    const int n = rows("forward");
+    if (loss_denominator == 0) throw RuntimeFailure(device_.name() + ": forward() with a loss denominator of 0");
+    const DropoutArgs none;
+    const DropoutArgs drop1 = train ? dropout(batch_, key, RandomStream::kDropout0, kDropout1) : none;
+    const DropoutArgs drop2 = train ? dropout(batch_, key, RandomStream::kDropout1, kDropout2) : none;
+    const Workspace ws = workspace();
+
+    conv1_.forward(cudnn_.get(), n, x_.data(), param(0), a1_.data(), ws);
+    bias_relu_dropout(a1_.data(), param(1), n, kC1, kP1, none, stream());
+    conv2_.forward(cudnn_.get(), n, a1_.data(), param(2), a2_.data(), ws);
+    bias_relu_dropout(a2_.data(), param(3), n, kC2, kP2, none, stream());
+    max_pool_dropout_forward(a2_.data(), pooled_.data(), n, kC2, kPoolSide, drop1, stream());
+    linear_forward(cublas_.get(), pooled_.data(), param(4), h_.data(), n, kFc1In, kFc1Out);
+    bias_relu_dropout(h_.data(), param(5), n, kFc1Out, 1, drop2, stream());
+    linear_forward(cublas_.get(), h_.data(), param(6), z_.data(), n, kFc1Out, kFc2Out);
+    log_softmax_nll(z_.data(), param(7), batch_.labels, n, static_cast<float>(loss_denominator), logprobs_.data(),
+                    dlogits_.data(), stats_.data(), stream());
+    input_.release();
+    pool_scale_ = drop1.scale;
+    fc1_scale_ = drop2.scale;
+  }
+
+  void backward(const std::function<void(int layer)>& grads_ready) override {
+    device_.activate();
+    const int n = rows("backward");
+    const Workspace ws = workspace();
+
+    linear_backward_weight(cublas_.get(), h_.data(), dlogits_.data(), grad(6), n, kFc1Out, kFc2Out);
+    bias_grad(dlogits_.data(), grad(7), n, kFc2Out, 1, stream());
+    grads_ready(kFc2);
+    linear_backward_data(cublas_.get(), param(6), dlogits_.data(), dh_.data(), n, kFc1Out, kFc2Out);
+    relu_dropout_backward(h_.data(), dh_.data(), std::size_t(n) * kFc1Out, fc1_scale_, stream());
+
+    linear_backward_weight(cublas_.get(), pooled_.data(), dh_.data(), grad(4), n, kFc1In, kFc1Out);
+    bias_grad(dh_.data(), grad(5), n, kFc1Out, 1, stream());
+    grads_ready(kFc1);
+    linear_backward_data(cublas_.get(), param(4), dh_.data(), dpooled_.data(), n, kFc1In, kFc1Out);
+    max_pool_dropout_backward(a2_.data(), pooled_.data(), dpooled_.data(), da2_.data(), n, kC2, kPoolSide,
+                              pool_scale_, stream());
+
+    conv2_.backward_filter(cudnn_.get(), n, a1_.data(), da2_.data(), grad(2), ws);
+    bias_grad(da2_.data(), grad(3), n, kC2, kP2, stream());
+    grads_ready(kConv2);
+    conv2_.backward_data(cudnn_.get(), n, param(2), da2_.data(), da1_.data(), ws);
+    relu_dropout_backward(a1_.data(), da1_.data(), std::size_t(n) * kA1, 1.0f, stream());
+
+    conv1_.backward_filter(cudnn_.get(), n, x_.data(), da1_.data(), grad(0), ws);
+    bias_grad(da1_.data(), grad(1), n, kC1, kP1, stream());
+    grads_ready(kConv1);
+  }
+
+  void sgd_step(const SgdOptions& options) override {
+    device_.activate();
+    sgd_update(params_.data(), grads_.data(), momentum_.data(), kParamCount,
+               {options.lr, options.momentum, options.weight_decay, !momentum_started_}, stream());
+    momentum_started_ = true;
+  }
+
+  float* params() override { return params_.data(); }
+  float* grads() override { return grads_.data(); }
+
+  void read_params(std::span<float> out) override { download(out, params_, "read_params"); }
+  void write_params(std::span<const float> in) override { upload(in, params_, "write_params"); }
+  void read_momentum(std::span<float> out) override { download(out, momentum_, "read_momentum"); }
+  void write_momentum(std::span<const float> in) override {
+    upload(in, momentum_, "write_momentum");
+    momentum_started_ = true;
+  }
+  void read_grads(std::span<float> out) override { download(out, grads_, "read_grads"); }
+
+  void read_logprobs(std::span<float> out) override {
+    const std::size_t count = std::size_t{batch_.size} * kClasses;
+    if (out.size() != count)
+      throw RuntimeFailure(device_.name() + ": read_logprobs of " + std::to_string(out.size()) +
+                           " floats, the last batch has " + std::to_string(count));
+    copy_sync(out.data(), logprobs_.data(), out.size_bytes(), cudaMemcpyDeviceToHost);
+  }
+
+  StepStats take_stats() override {
+    device_.activate();
+    CUDA_CHECK(cudaMemcpyAsync(stats_host_.data(), stats_.data(), stats_.bytes(), cudaMemcpyDeviceToHost, stream()));
+    CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, stats_.bytes(), stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    device_.throw_if_aborted();
+    const double* s = stats_host_.data();
+    return {s[0], s[1], s[2]};
+  }
+
+ private:
+  cudaStream_t stream() const { return device_.compute(); }
+  float* param(int index) { return params_.data() + kParams[static_cast<std::size_t>(index)].offset; }
+  float* grad(int index) { return grads_.data() + kParams[static_cast<std::size_t>(index)].offset; }
+  Workspace workspace() const { return {workspace_.data(), workspace_.bytes()}; }
+
+  int rows(const char* call) const {
+    if (batch_.size == 0) throw RuntimeFailure(device_.name() + ": " + call + "() before set_input()");
+    return static_cast<int>(batch_.size);
+  }
+
+  std::size_t tune_convs() {
+    const int n = static_cast<int>(max_batch_);
+    return std::max(conv1_.tune(cudnn_.get(), n, kConvWorkspaceCap), conv2_.tune(cudnn_.get(), n, kConvWorkspaceCap));
+  }
+
+  // Synchronous copy ordered after the compute stream's work.
+  void copy_sync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+    device_.activate();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+  void download(std::span<float> out, const DeviceBuffer<float>& from, const char* call) {
+    expect_params(out.size(), call);
+    copy_sync(out.data(), from.data(), from.bytes(), cudaMemcpyDeviceToHost);
+  }
+  void upload(std::span<const float> in, DeviceBuffer<float>& to, const char* call) {
+    expect_params(in.size(), call);
+    copy_sync(to.data(), in.data(), to.bytes(), cudaMemcpyHostToDevice);
+  }
+  void expect_params(std::size_t size, const char* call) const {
+    if (size != kParamCount)
+      throw RuntimeFailure(device_.name() + ": " + call + " of " + std::to_string(size) + " floats, expected " +
+                           std::to_string(kParamCount));
+  }
+
+  void zero_state() {
+    for (const DeviceBuffer<float>* b : {&params_, &grads_, &momentum_})
+      CUDA_CHECK(cudaMemsetAsync(b->data(), 0, b->bytes(), stream()));
+    CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, stats_.bytes(), stream()));
+    momentum_started_ = false;
+  }
+
+  // One training step on zeros (weights and input): lazily loaded kernels and cuDNN's
+  // engines are set up now, on this thread, rather than in the first step, where
+  // loading may wait for work on the device's other streams. Its effects are cleared.
+  void warm_up() {
+    zero_state();
+    Batch zeros;
+    zeros.size = max_batch_;
+    zeros.images.assign(std::size_t{max_batch_} * kImageBytes, 0);
+    zeros.labels.assign(max_batch_, 0);
+    zeros.indices.assign(max_batch_, 0);
+    set_input(zeros);
+    forward(true, {}, max_batch_);
+    backward([](int) {});
+    sgd_step({0.0f, 0.9f, 0.0f});
+    batch_ = {};
+  }
+
+  CudaDevice& device_;
+  std::uint32_t max_batch_;
+  CudnnOwner cudnn_;
+  DeviceBuffer<std::uint8_t> cublas_workspace_;  // declared first: released after the handle
+  CublasOwner cublas_;
+  Conv2d conv1_;
+  Conv2d conv2_;
+  DeviceBuffer<std::uint8_t> workspace_;  // cuDNN's, shared by both convolutions
+  DeviceBuffer<float> params_, grads_, momentum_;
+  // Activations and their gradients, for max_batch rows.
+  DeviceBuffer<float> x_, a1_, a2_, pooled_, h_, z_, logprobs_, dlogits_;
+  DeviceBuffer<float> dh_, dpooled_, da2_, da1_;
+  DeviceBuffer<double> stats_;  // loss sum, correct, samples
+  PinnedBuffer<double> stats_host_;
+  InputStage input_;
+  DeviceBatch batch_;
+  // Scales the last forward pass gave kept elements (1: no dropout), for backward().
+  float pool_scale_ = 1.0f;
+  float fc1_scale_ = 1.0f;
+  // PyTorch starts the momentum buffer as the first step's gradient.
+  bool momentum_started_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Replica> make_cuda_replica(CudaDevice& device, std::uint32_t max_batch, const BackendOptions& options) {
+  if (max_batch == 0) throw RuntimeFailure(device.name() + ": a replica needs a batch of at least 1");
+  return std::make_unique<CudaReplica>(device, max_batch, options);
+}
+
+}  // namespace mnist_mt::cuda

@@ -1,0 +1,365 @@
+// The CUDA replica against the CPU reference (include/mnist_mt/replica.hpp): from the
+// same weights and batch, the same log-probabilities, loss, every gradient, and the same
+// parameters and momentum after three SGD-momentum steps, within 1e-4 relative, with
+// dropout off and on. Needs a GPU; skips where there is none.
+//
+// The two backends round differently (about 1e-7 relative), so a ReLU input or a max-pool
+// window that close to a tie may go one way on each and move a whole gradient
+// contribution. Some batches have one, so the comparisons use only batches whose
+// decisions all keep a clear margin at every step, checked here in double.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mnist_mt/backend.hpp"
+#include "mnist_mt/model.hpp"
+#include "mnist_mt/philox.hpp"
+
+namespace mnist_mt {
+namespace {
+
+constexpr double kTolerance = 1e-4;
+constexpr int kSteps = 3;
+constexpr SgdOptions kSgd{0.05f, 0.9f, 5e-4f};
+constexpr DropoutKey kKey{7, 2};
+// Decisions closer than this to a tie (relative to their layer's largest value) could go
+// different ways on the two backends.
+constexpr double kMargin = 1e-6;
+constexpr std::uint32_t kCandidates = 60;  // batches tried for one with clear decisions
+
+bool gpu_present() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device"
+
+// Images like MNIST's (mostly dark, some ink), random labels, distinct global indices.
+Batch make_batch(std::uint32_t size, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> byte(1, 255), label(0, 9);
+  std::bernoulli_distribution ink(0.25);
+  Batch b;
+  b.size = size;
+  b.images.resize(std::size_t{size} * kImageBytes);
+  b.labels.resize(size);
+  for (auto& p : b.images) p = ink(gen) ? static_cast<std::uint8_t>(byte(gen)) : 0;
+  for (auto& l : b.labels) l = static_cast<std::uint8_t>(label(gen));
+  std::vector<std::uint32_t> all(60000);
+  std::iota(all.begin(), all.end(), 0u);
+  std::shuffle(all.begin(), all.end(), gen);
+  b.indices.assign(all.begin(), all.begin() + size);
+  return b;
+}
+
+std::vector<float> initial_params(std::uint64_t seed) {
+  std::vector<float> p(kParamCount);
+  init_parameters(seed, p);
+  return p;
+}
+
+// What a replica produced: the first forward/backward, then the state after kSteps steps.
+struct Trace {
+  std::vector<float> logprobs;
+  std::vector<float> grads;
+  StepStats stats;
+  std::vector<int> ready;  // layers, in the order backward() reported them
+  std::vector<float> momentum_before;
+  std::vector<std::vector<float>> params_before;  // at each step
+  std::vector<float> params_after;
+  std::vector<float> momentum_after;
+};
+
+Trace train_steps(Backend& backend, std::uint32_t max_batch, const Batch& batch, bool train,
+                  const std::vector<float>& params) {
+  const int ids[] = {0};
+  auto devices = backend.make_devices(ids);
+  Device& device = *devices[0];
+  device.activate();
+  auto replica = backend.make_replica(device, max_batch);
+  replica->write_params(params);
+
+  Trace t;
+  t.momentum_before.resize(kParamCount);
+  replica->read_momentum(t.momentum_before);
+  for (int step = 0; step < kSteps; ++step) {
+    t.params_before.emplace_back(kParamCount);
+    replica->read_params(t.params_before.back());
+    replica->set_input(batch);
+    replica->forward(train, kKey, batch.size);
+    replica->backward([&](int layer) {
+      if (step == 0) t.ready.push_back(layer);
+    });
+    if (step == 0) {
+      t.logprobs.resize(std::size_t{batch.size} * kClasses);
+      replica->read_logprobs(t.logprobs);
+      t.grads.resize(kParamCount);
+      replica->read_grads(t.grads);
+      t.stats = replica->take_stats();
+    }
+    replica->sgd_step(kSgd);
+  }
+  t.params_after.resize(kParamCount);
+  replica->read_params(t.params_after);
+  t.momentum_after.resize(kParamCount);
+  replica->read_momentum(t.momentum_after);
+  device.synchronize();
+  return t;
+}
+
+// How close the ReLUs before the pool, the pool's choice of maximum, and fc1's ReLU are
+// to going the other way, each relative to its layer's largest value, for one forward
+// pass computed in double. An exact tie in double comes from identical inputs, where
+// either choice gives the same gradient, so it is no hazard.
+class Margins {
+ public:
+  void value(double v) { largest_ = std::max(largest_, std::abs(v)); }
+  void distance(double d) { closest_ = std::min(closest_, d); }
+  double relative() const { return largest_ > 0 ? closest_ / largest_ : 0; }
+
+ private:
+  double largest_ = 0;
+  double closest_ = std::numeric_limits<double>::infinity();
+};
+
+double decision_margin(const std::vector<float>& params, const Batch& batch, bool train) {
+  const auto p = [&](int i) { return params.data() + kParams[static_cast<std::size_t>(i)].offset; };
+  Margins relu1, pool, fc1;
+  std::vector<double> x(kImageBytes), a1(32 * 26 * 26), pooled(9216);
+  for (std::uint32_t n = 0; n < batch.size; ++n) {
+    for (std::size_t i = 0; i < kImageBytes; ++i)
+      x[i] = (static_cast<float>(batch.images[n * kImageBytes + i]) / 255.0f - kInputMean) / kInputStd;
+    for (int c = 0; c < 32; ++c)
+      for (int h = 0; h < 26; ++h)
+        for (int w = 0; w < 26; ++w) {
+          double y = p(1)[c];
+          for (int k = 0; k < 9; ++k) y += double{p(0)[c * 9 + k]} * x[(h + k / 3) * 28 + w + k % 3];
+          relu1.value(y);
+          relu1.distance(std::abs(y));
+          a1[(c * 26 + h) * 26 + w] = std::max(y, 0.0);
+        }
+    for (int o = 0; o < 64; ++o)
+      for (int ph = 0; ph < 12; ++ph)
+        for (int pw = 0; pw < 12; ++pw) {
+          double v[4];
+          for (int q = 0; q < 4; ++q) {
+            const int h = 2 * ph + q / 2, w = 2 * pw + q % 2;
+            double y = p(3)[o];
+            for (int c = 0; c < 32; ++c)
+              for (int k = 0; k < 9; ++k)
+                y += double{p(2)[(o * 32 + c) * 9 + k]} * a1[(c * 26 + h + k / 3) * 26 + w + k % 3];
+            pool.value(y);
+            v[q] = y;
+          }
+          std::sort(v, v + 4);
+          // A dropped window passes no gradient, whichever element it picks.
+          const std::uint32_t element = static_cast<std::uint32_t>((o * 12 + ph) * 12 + pw);
+          const bool kept = !train || dropout_keep(kKey.seed, kKey.epoch, batch.indices[n], RandomStream::kDropout0,
+                                                   element, kDropout1);
+          if (kept && v[3] <= 0) {
+            pool.distance(-v[3]);  // all four cut by the ReLU
+          } else if (kept && v[3] != v[2]) {
+            pool.distance(v[3] - std::max(v[2], 0.0));
+          }
+          pooled[element] = kept ? std::max(v[3], 0.0) : 0.0;
+        }
+    for (std::uint32_t j = 0; j < 128; ++j) {
+      double h = p(5)[j];
+      for (int i = 0; i < 9216; ++i) h += double{p(4)[j * 9216 + i]} * pooled[i];
+      fc1.value(h);
+      if (!train || dropout_keep(kKey.seed, kKey.epoch, batch.indices[n], RandomStream::kDropout1, j, kDropout2))
+        fc1.distance(std::abs(h));
+    }
+  }
+  return std::min({relu1.relative(), pool.relative(), fc1.relative()});
+}
+
+// A batch from seeds `seed`, `seed`+1, ... whose decisions keep kMargin at every step
+// of the CPU's run, and that run.
+struct Case {
+  Batch batch;
+  Trace cpu;
+};
+
+Case clear_case(std::uint32_t max_batch, std::uint32_t size, std::uint32_t seed, bool train,
+                const std::vector<float>& params) {
+  auto cpu = make_cpu_backend({});
+  for (std::uint32_t s = seed; s < seed + kCandidates; ++s) {
+    Case c{make_batch(size, s), {}};
+    c.cpu = train_steps(*cpu, max_batch, c.batch, train, params);
+    if (std::all_of(c.cpu.params_before.begin(), c.cpu.params_before.end(),
+                    [&](const auto& p) { return decision_margin(p, c.batch, train) >= kMargin; }))
+      return c;
+  }
+  ADD_FAILURE() << "no batch among " << kCandidates << " keeps its decisions " << kMargin << " from a tie";
+  return {};
+}
+
+// Normwise: the largest difference is within `kTolerance` of the largest reference value.
+void expect_close(std::span<const float> got, std::span<const float> want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0, scale = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (!(d <= worst)) {  // also catches NaN
+      worst = d;
+      at = i;
+    }
+    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+  }
+  EXPECT_LE(worst, kTolerance * scale) << what << ": element " << at << " is " << got[at] << ", the CPU has "
+                                       << want[at] << " (largest magnitude " << scale << ")";
+}
+
+// Tensor by tensor in state-dict order, so a small tensor is not judged by a large one.
+void expect_params_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  for (const ParamInfo& p : kParams) {
+    expect_close(std::span(got).subspan(p.offset, p.count), std::span(want).subspan(p.offset, p.count),
+                 what + " " + std::string(p.name));
+  }
+}
+
+std::vector<float> minus(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> d(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
+  return d;
+}
+
+void expect_cuda_matches_cpu(std::uint32_t max_batch, std::uint32_t size, std::uint32_t seed, bool train,
+                             const BackendOptions& options) {
+  const std::vector<float> params = initial_params(seed);
+  const Case c = clear_case(max_batch, size, seed, train, params);
+  if (c.batch.size == 0) return;
+  auto cuda = make_cuda_backend(options);
+  const Trace& want = c.cpu;
+  const Trace got = train_steps(*cuda, max_batch, c.batch, train, params);
+
+  expect_close(got.logprobs, want.logprobs, "log-probabilities");
+  EXPECT_NEAR(got.stats.loss_sum, want.stats.loss_sum, kTolerance * std::abs(want.stats.loss_sum));
+  EXPECT_EQ(got.stats.correct, want.stats.correct);
+  EXPECT_EQ(got.stats.samples, size);
+  EXPECT_EQ(got.ready, (std::vector<int>{kFc2, kFc1, kConv2, kConv1}));
+  expect_params_close(got.grads, want.grads, "gradient of");
+  EXPECT_TRUE(std::all_of(got.momentum_before.begin(), got.momentum_before.end(), [](float m) { return m == 0; }));
+  expect_params_close(got.params_after, want.params_after, "after 3 steps,");
+  // The steps are small against the weights: compare what they changed too.
+  expect_params_close(minus(got.params_after, params), minus(want.params_after, params), "change in");
+  expect_params_close(got.momentum_after, want.momentum_after, "momentum of");
+}
+
+TEST(CudaReplica, MatchesCpuWithoutDropout) {
+  SKIP_WITHOUT_GPU();
+  expect_cuda_matches_cpu(4, 4, 1, false, {});
+}
+
+TEST(CudaReplica, MatchesCpuWithDropout) {
+  SKIP_WITHOUT_GPU();
+  expect_cuda_matches_cpu(4, 4, 100, true, {});
+}
+
+// A batch smaller than the replica's largest (the last one of an evaluation) runs with
+// algorithms chosen for its own size.
+TEST(CudaReplica, MatchesCpuOnABatchSmallerThanItsMaximum) {
+  SKIP_WITHOUT_GPU();
+  expect_cuda_matches_cpu(16, 3, 200, true, {});
+}
+
+TEST(CudaReplica, MatchesCpuWithDeterministicAlgorithms) {
+  SKIP_WITHOUT_GPU();
+  BackendOptions options;
+  options.deterministic = true;
+  expect_cuda_matches_cpu(4, 4, 300, true, options);
+}
+
+TEST(CudaReplica, DeterministicAlgorithmsRepeatBitForBit) {
+  SKIP_WITHOUT_GPU();
+  BackendOptions options;
+  options.deterministic = true;
+  auto cuda = make_cuda_backend(options);
+  const Batch batch = make_batch(64, 5);
+  const std::vector<float> params = initial_params(5);
+  const Trace a = train_steps(*cuda, 64, batch, true, params);
+  const Trace b = train_steps(*cuda, 64, batch, true, params);
+  EXPECT_EQ(0, std::memcmp(a.grads.data(), b.grads.data(), kParamCount * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.params_after.data(), b.params_after.data(), kParamCount * sizeof(float)));
+}
+
+// Without this the dropout comparison could pass with dropout missing on both sides.
+TEST(CudaReplica, DropoutChangesTheForwardPass) {
+  SKIP_WITHOUT_GPU();
+  auto cuda = make_cuda_backend({});
+  const Batch batch = make_batch(16, 6);
+  const std::vector<float> params = initial_params(6);
+  const Trace on = train_steps(*cuda, 16, batch, true, params);
+  const Trace off = train_steps(*cuda, 16, batch, false, params);
+  double diff = 0;
+  for (std::size_t i = 0; i < on.logprobs.size(); ++i)
+    diff = std::max(diff, static_cast<double>(std::abs(on.logprobs[i] - off.logprobs[i])));
+  EXPECT_GT(diff, 1e-3);
+}
+
+TEST(CudaReplica, BatchMayBeReusedOnceSetInputReturns) {
+  SKIP_WITHOUT_GPU();
+  auto cuda = make_cuda_backend({});
+  const int ids[] = {0};
+  auto devices = cuda->make_devices(ids);
+  devices[0]->activate();
+  auto replica = cuda->make_replica(*devices[0], 8);
+  replica->write_params(initial_params(8));
+  const Batch batch = make_batch(8, 8);
+  std::vector<float> first(8 * kClasses), second(8 * kClasses);
+
+  replica->set_input(batch);
+  replica->forward(false, {}, 8);
+  replica->read_logprobs(first);
+
+  Batch scratch = batch;
+  replica->set_input(scratch);
+  std::fill(scratch.images.begin(), scratch.images.end(), std::uint8_t{255});
+  std::fill(scratch.labels.begin(), scratch.labels.end(), std::uint8_t{9});
+  replica->forward(false, {}, 8);
+  replica->read_logprobs(second);
+  EXPECT_EQ(first, second);
+}
+
+TEST(CudaReplica, TakeStatsCountsAndResets) {
+  SKIP_WITHOUT_GPU();
+  auto cuda = make_cuda_backend({});
+  const int ids[] = {0};
+  auto devices = cuda->make_devices(ids);
+  devices[0]->activate();
+  auto replica = cuda->make_replica(*devices[0], 16);
+  replica->write_params(initial_params(9));
+  for (std::uint32_t n : {16u, 7u}) {
+    replica->set_input(make_batch(n, n));
+    replica->forward(false, {}, n);
+  }
+  const StepStats s = replica->take_stats();
+  EXPECT_EQ(s.samples, 23);
+  EXPECT_GE(s.correct, 0);
+  EXPECT_LE(s.correct, 23);
+  EXPECT_GT(s.loss_sum, 0);
+  const StepStats empty = replica->take_stats();
+  EXPECT_EQ(empty.samples, 0);
+  EXPECT_EQ(empty.loss_sum, 0);
+}
+
+}  // namespace
+}  // namespace mnist_mt
