@@ -25,12 +25,8 @@ namespace mnist_mt::cpu {
 namespace {
 
 using testing::Fixture;
+using testing::golden;
 using testing::golden_dir;
-
-const Fixture& golden() {
-  static const Fixture fixture(golden_dir() / "golden.safetensors");
-  return fixture;
-}
 
 Batch make_batch(const std::vector<std::uint8_t>& images, const std::vector<std::uint8_t>& labels,
                  const std::vector<std::uint32_t>& indices) {

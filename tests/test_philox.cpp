@@ -12,12 +12,7 @@ namespace mnist_mt {
 namespace {
 
 using testing::Fixture;
-using testing::golden_dir;
-
-const Fixture& golden() {
-  static const Fixture fixture(golden_dir() / "golden.safetensors");
-  return fixture;
-}
+using testing::golden;
 
 void expect_philox(const std::array<std::uint32_t, 4>& ctr, const std::array<std::uint32_t, 2>& key,
                    const std::array<std::uint32_t, 4>& want) {

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
+#include <utility>
 
 #include "errors.hpp"
 #include "mnist_mt/error.hpp"
@@ -37,18 +40,30 @@ class NcclGroup {
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
 
-  ncclComm_t comm(int rank) const { return comms_[static_cast<std::size_t>(rank)]; }
   int size() const { return static_cast<int>(comms_.size()); }
   bool aborted() const { return aborted_->load(std::memory_order_acquire); }
+
+  // Runs call(rank's communicator) unless the group was aborted, which frees the
+  // communicators: abort() waits for calls under way, so none of them uses a freed one.
+  // Calls only enqueue (peers are connected at setup), so abort() waits briefly.
+  template <typename Call>
+  bool with_comm(int rank, Call&& call) {
+    const std::shared_lock lock(mutex_);
+    if (aborted()) return false;
+    call(comms_[static_cast<std::size_t>(rank)]);
+    return true;
+  }
 
   // The first call aborts every rank (kernels waiting for a peer return; the
   // communicators are freed); later calls, from any thread, find it done.
   void abort() noexcept {
+    const std::unique_lock lock(mutex_);
     if (aborted_->exchange(true, std::memory_order_acq_rel)) return;
     for (ncclComm_t comm : comms_) ncclCommAbort(comm);
   }
 
  private:
+  std::shared_mutex mutex_;  // shared: a call into a communicator; exclusive: abort()
   std::vector<ncclComm_t> comms_;
   // Shared with the group's devices, which report it from their synchronize().
   std::shared_ptr<std::atomic<bool>> aborted_ = std::make_shared<std::atomic<bool>>(false);
@@ -78,25 +93,35 @@ class NcclCommunicator final : public Communicator {
 
   void allreduce(float* data, std::size_t count, ReduceOp op) override {
     if (count == 0) return;
-    guarded([&] { NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat, nccl_op(op), comm(), stream_)); });
+    guarded([&] {
+      nccl([&](ncclComm_t c) { NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat, nccl_op(op), c, stream_)); });
+    });
   }
 
   void broadcast(float* data, std::size_t count, int root) override {
     if (count == 0) return;
-    guarded([&] { NCCL_CHECK(ncclBroadcast(data, data, count, ncclFloat, root, comm(), stream_)); });
+    guarded([&] {
+      nccl([&](ncclComm_t c) { NCCL_CHECK(ncclBroadcast(data, data, count, ncclFloat, root, c, stream_)); });
+    });
   }
 
   // NCCL writes the receive buffer on the root only, so the other ranks' data stays.
   void reduce(float* data, std::size_t count, ReduceOp op, int root) override {
     if (count == 0) return;
-    guarded([&] { NCCL_CHECK(ncclReduce(data, data, count, ncclFloat, nccl_op(op), root, comm(), stream_)); });
+    guarded([&] {
+      nccl([&](ncclComm_t c) { NCCL_CHECK(ncclReduce(data, data, count, ncclFloat, nccl_op(op), root, c, stream_)); });
+    });
   }
 
   void barrier() override {
     float* one = barrier_scratch_.data();
-    guarded([&] { NCCL_CHECK(ncclAllReduce(one, one, 1, ncclFloat, ncclSum, comm(), stream_)); });
+    guarded([&] {
+      nccl([&](ncclComm_t c) { NCCL_CHECK(ncclAllReduce(one, one, 1, ncclFloat, ncclSum, c, stream_)); });
+    });
   }
 
+  // The copies stay outside nccl(): from pageable memory they wait for the comm stream,
+  // which only an abort may release.
   void allreduce_host(std::span<double> data) override {
     guarded([&] {
       CUDA_CHECK(cudaSetDevice(device_id_));
@@ -104,7 +129,7 @@ class NcclCommunicator final : public Communicator {
       for (std::size_t at = 0; at < data.size(); at += kHostChunk) {
         const std::size_t n = std::min(kHostChunk, data.size() - at);
         CUDA_CHECK(cudaMemcpyAsync(scratch, data.data() + at, n * sizeof(double), cudaMemcpyHostToDevice, stream_));
-        NCCL_CHECK(ncclAllReduce(scratch, scratch, n, ncclDouble, ncclSum, comm(), stream_));
+        nccl([&](ncclComm_t c) { NCCL_CHECK(ncclAllReduce(scratch, scratch, n, ncclDouble, ncclSum, c, stream_)); });
         CUDA_CHECK(cudaMemcpyAsync(data.data() + at, scratch, n * sizeof(double), cudaMemcpyDeviceToHost, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         throw_if_aborted();
@@ -115,18 +140,20 @@ class NcclCommunicator final : public Communicator {
   void abort() override { group_->abort(); }
 
  private:
-  ncclComm_t comm() const { return group_->comm(rank_); }
-
   void throw_if_aborted() const {
     if (group_->aborted()) throw Aborted("cuda:" + std::to_string(device_id_) + " rank " + std::to_string(rank_) +
                                          ": collective released, the group was aborted");
   }
 
-  // An aborted group's communicators are gone: refuse to call into them, and report a
-  // call that failed because of the abort as Aborted.
+  // Calls into this rank's communicator, or throws Aborted once abort() has freed it.
+  template <typename Call>
+  void nccl(Call&& call) {
+    if (!group_->with_comm(rank_, std::forward<Call>(call))) throw_if_aborted();
+  }
+
+  // Reports a call that failed because of an abort as Aborted.
   template <typename Call>
   void guarded(Call&& call) {
-    throw_if_aborted();
     try {
       call();
     } catch (const RuntimeFailure&) {

@@ -74,4 +74,10 @@ class Fixture {
   std::map<std::string, std::string> metadata_;
 };
 
+// golden.safetensors, read once per test binary.
+inline const Fixture& golden() {
+  static const Fixture fixture(golden_dir() / "golden.safetensors");
+  return fixture;
+}
+
 }  // namespace mnist_mt::testing
