@@ -22,6 +22,9 @@ class Device {
   // Blocks the host until both streams are idle; rethrows the first error raised by
   // their work (Aborted if the device's communicator was aborted).
   virtual void synchronize() = 0;
+  // Blocks the host until the compute stream is idle, leaving the comm stream running;
+  // rethrows the compute stream's first error. The trainer times its phases with it.
+  virtual void wait_compute() { synchronize(); }
   virtual std::string name() const = 0;  // "cpu:0", "cuda:1"
 };
 

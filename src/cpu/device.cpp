@@ -9,6 +9,16 @@ CpuDevice::CpuDevice(int id)
       compute_("cpu:" + std::to_string(id) + " compute", [] { omp_set_num_threads(1); }),
       comm_("cpu:" + std::to_string(id) + " comm") {}
 
+// comm_ is destroyed first, so compute tasks still queued that wait for it would wait on a
+// destroyed stream: they run now, while both streams exist. Comm tasks only wait for
+// compute tickets already drained here.
+CpuDevice::~CpuDevice() {
+  try {
+    compute_.synchronize();
+  } catch (...) {  // the error was the work's, reported to whoever waited for it
+  }
+}
+
 void CpuDevice::synchronize() {
   // Both streams drain even when one has failed; the compute error comes first.
   std::exception_ptr first;

@@ -11,10 +11,14 @@ namespace mnist_mt::cpu {
 class CpuDevice final : public Device {
  public:
   explicit CpuDevice(int id);
+  ~CpuDevice() override;
+  CpuDevice(const CpuDevice&) = delete;
+  CpuDevice& operator=(const CpuDevice&) = delete;
   void activate() override {}
   void comm_wait_compute() override { comm_.enqueue_wait(compute_, compute_.ticket()); }
   void compute_wait_comm() override { compute_.enqueue_wait(comm_, comm_.ticket()); }
   void synchronize() override;
+  void wait_compute() override { compute_.synchronize(); }
   std::string name() const override { return "cpu:" + std::to_string(id_); }
 
   Stream& compute() { return compute_; }
