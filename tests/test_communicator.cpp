@@ -1,1 +1,249 @@
-// placeholder
+// The in-process communicator: results, bitwise rank-order sums whatever the chunking,
+// and abort releasing blocked peers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "communicator.hpp"
+#include "device.hpp"
+#include "mnist_mt/error.hpp"
+
+namespace mnist_mt::cpu {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Group {
+  explicit Group(int world) {
+    std::vector<CpuDevice*> raw;
+    for (int r = 0; r < world; ++r) {
+      devices.push_back(std::make_unique<CpuDevice>(r));
+      raw.push_back(devices.back().get());
+    }
+    comms = make_communicators(raw);
+  }
+  ~Group() {
+    for (auto& c : comms) c->abort();  // never leave a stream blocked if a test failed midway
+    for (auto& d : devices) {
+      try {
+        d->synchronize();
+      } catch (...) {
+      }
+    }
+  }
+  void synchronize() {
+    for (auto& d : devices) d->synchronize();
+  }
+  int world() const { return static_cast<int>(devices.size()); }
+  std::vector<std::unique_ptr<CpuDevice>> devices;
+  std::vector<std::unique_ptr<Communicator>> comms;
+};
+
+// Values of very different magnitudes, so that the order of additions shows in the bits.
+std::vector<std::vector<float>> random_buffers(int world, std::size_t count, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-12, 12);
+  std::vector<std::vector<float>> buffers(world, std::vector<float>(count));
+  for (auto& b : buffers) {
+    for (float& x : b) x = std::ldexp(mantissa(rng), exponent(rng));
+  }
+  return buffers;
+}
+
+std::vector<float> rank_order_sum(const std::vector<std::vector<float>>& in, bool average) {
+  std::vector<float> out = in[0];
+  for (std::size_t s = 1; s < in.size(); ++s) {
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] += in[s][i];
+  }
+  if (average) {
+    for (float& x : out) x /= static_cast<float>(in.size());
+  }
+  return out;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+TEST(Communicator, RankAndSize) {
+  Group g(3);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(g.comms[r]->rank(), r);
+    EXPECT_EQ(g.comms[r]->size(), 3);
+  }
+}
+
+TEST(Communicator, AllreduceSumAndAverageEqualTheRankOrderSumBitwise) {
+  for (int world : {1, 2, 3, 4}) {
+    for (std::size_t count :
+         {std::size_t{0}, std::size_t{1}, std::size_t{17}, std::size_t{1000}, std::size_t{100'003}}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+        SCOPED_TRACE(testing::Message() << "world " << world << " count " << count << " op " << int(op));
+        Group g(world);
+        auto buffers = random_buffers(world, count, 7 + world);
+        const auto expected = rank_order_sum(buffers, op == ReduceOp::kAverage);
+        for (int r = 0; r < world; ++r) g.comms[r]->allreduce(buffers[r].data(), count, op);
+        g.synchronize();
+        for (int r = 0; r < world; ++r) EXPECT_TRUE(bitwise_equal(buffers[r], expected)) << "rank " << r;
+      }
+    }
+  }
+}
+
+// The property DDP relies on for --bucket-mb to change nothing: the same elements
+// reduced in pieces of any size give the same bits as in one piece.
+TEST(Communicator, AllreduceIsBitwiseTheSameWhateverTheBucketing) {
+  constexpr std::size_t kCount = 20'000;
+  for (int world : {2, 3, 4}) {
+    SCOPED_TRACE(testing::Message() << "world " << world);
+    const auto original = random_buffers(world, kCount, 42);
+    const auto expected = rank_order_sum(original, true);
+    // The data must be such that another order of additions gives other bits (with
+    // two ranks every order is the same: addition commutes).
+    if (world > 2) {
+      std::vector<std::vector<float>> reversed(original.rbegin(), original.rend());
+      ASSERT_FALSE(bitwise_equal(rank_order_sum(reversed, true), expected));
+    }
+
+    for (std::size_t piece : {kCount, std::size_t{13}, std::size_t{1000}, std::size_t{4096 + 3}}) {
+      SCOPED_TRACE(testing::Message() << "piece " << piece);
+      Group g(world);
+      auto buffers = original;
+      for (std::size_t begin = 0; begin < kCount; begin += piece) {
+        const std::size_t n = std::min(piece, kCount - begin);
+        for (int r = 0; r < world; ++r) g.comms[r]->allreduce(buffers[r].data() + begin, n, ReduceOp::kAverage);
+      }
+      g.synchronize();
+      for (int r = 0; r < world; ++r) EXPECT_TRUE(bitwise_equal(buffers[r], expected)) << "rank " << r;
+    }
+  }
+}
+
+TEST(Communicator, AllreduceFromOneHostThreadPerRank) {
+  constexpr int kWorld = 4, kRounds = 50;
+  constexpr std::size_t kCount = 3000;
+  Group g(kWorld);
+  std::vector<std::vector<float>> buffers(kWorld, std::vector<float>(kCount));
+  std::vector<long> wrong(kWorld, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      for (int round = 0; round < kRounds; ++round) {
+        std::fill(buffers[r].begin(), buffers[r].end(), static_cast<float>(r + round));
+        g.comms[r]->allreduce(buffers[r].data(), kCount, ReduceOp::kSum);
+        g.devices[r]->synchronize();
+        const float expected = static_cast<float>(0 + 1 + 2 + 3 + kWorld * round);
+        wrong[r] += std::count_if(buffers[r].begin(), buffers[r].end(), [&](float x) { return x != expected; });
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong, std::vector<long>(kWorld, 0));
+}
+
+TEST(Communicator, BroadcastCopiesRootToEveryRank) {
+  for (int world : {1, 2, 4}) {
+    for (int root = 0; root < world; ++root) {
+      Group g(world);
+      auto buffers = random_buffers(world, 10'001, root);
+      const auto expected = buffers[root];
+      for (int r = 0; r < world; ++r) g.comms[r]->broadcast(buffers[r].data(), expected.size(), root);
+      g.synchronize();
+      for (int r = 0; r < world; ++r)
+        EXPECT_TRUE(bitwise_equal(buffers[r], expected)) << world << " " << root << " " << r;
+    }
+  }
+}
+
+TEST(Communicator, ReduceLandsOnRootOnlyInRankOrder) {
+  for (int world : {1, 2, 3, 4}) {
+    for (int root : {0, world - 1}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+        Group g(world);
+        auto buffers = random_buffers(world, 20'000, 3 * world + root);
+        const auto original = buffers;
+        const auto expected = rank_order_sum(buffers, op == ReduceOp::kAverage);
+        for (int r = 0; r < world; ++r) g.comms[r]->reduce(buffers[r].data(), expected.size(), op, root);
+        g.synchronize();
+        for (int r = 0; r < world; ++r) {
+          EXPECT_TRUE(bitwise_equal(buffers[r], r == root ? expected : original[r]))
+              << "world " << world << " root " << root << " rank " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(Communicator, BarrierOrdersWorkAcrossRanks) {
+  constexpr int kWorld = 3;
+  Group g(kWorld);
+  std::vector<int> before(kWorld, 0);
+  std::vector<int> seen(kWorld, 0);
+  for (int r = 0; r < kWorld; ++r) {
+    g.devices[r]->comm().enqueue([&, r] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10 * r));
+      before[r] = 1;
+    });
+    g.comms[r]->barrier();
+    g.devices[r]->comm().enqueue([&, r] {
+      for (int s = 0; s < kWorld; ++s) seen[r] += before[s];
+    });
+  }
+  g.synchronize();
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(seen[r], kWorld);
+}
+
+TEST(Communicator, AllreduceHostSumsInRankOrder) {
+  constexpr int kWorld = 3;
+  Group g(kWorld);
+  std::vector<std::vector<double>> values = {{1e16, 1.0, 2.0}, {1.0, 2.0, 3.0}, {-1e16, 3.0, 4.0}};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] { g.comms[r]->allreduce_host(values[r]); });
+  }
+  for (auto& t : threads) t.join();
+  // (1e16 + 1) + -1e16 is 0 in doubles: the sum is in rank order, on every rank.
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(values[r], (std::vector<double>{0.0, 6.0, 9.0})) << r;
+}
+
+TEST(Communicator, AbortReleasesBlockedPeersAndLaterCollectivesThrowAtOnce) {
+  constexpr int kWorld = 4;
+  Group g(kWorld);
+  std::vector<std::vector<float>> buffers(kWorld, std::vector<float>(1000, 1.0f));
+  // Rank 3 never joins: the others block in the allreduce.
+  for (int r = 0; r < kWorld - 1; ++r) g.comms[r]->allreduce(buffers[r].data(), 1000, ReduceOp::kSum);
+  std::this_thread::sleep_for(50ms);
+  const auto start = std::chrono::steady_clock::now();
+  std::thread aborter([&] { g.comms[kWorld - 1]->abort(); });
+  for (int r = 0; r < kWorld - 1; ++r) EXPECT_THROW(g.devices[r]->synchronize(), Aborted) << r;
+  aborter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+
+  // The rank that never joined: its next collective fails at once, the host one too.
+  g.comms[kWorld - 1]->broadcast(buffers[kWorld - 1].data(), 1000, 0);
+  EXPECT_THROW(g.devices[kWorld - 1]->synchronize(), Aborted);
+  std::vector<double> host(2, 1.0);
+  EXPECT_THROW(g.comms[0]->allreduce_host(host), Aborted);
+  g.comms[0]->abort();  // idempotent
+}
+
+TEST(Communicator, AbortBeforeAnyCollective) {
+  Group g(2);
+  g.comms[1]->abort();
+  std::vector<float> x(10, 1.0f);
+  g.comms[0]->allreduce(x.data(), x.size(), ReduceOp::kSum);
+  g.comms[0]->barrier();
+  EXPECT_THROW(g.devices[0]->synchronize(), Aborted);
+  EXPECT_EQ(x, std::vector<float>(10, 1.0f));
+}
+
+}  // namespace
+}  // namespace mnist_mt::cpu

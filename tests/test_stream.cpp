@@ -1,1 +1,158 @@
-// placeholder
+// CPU streams and devices: in-order work, tickets as events, cross-stream waits and
+// error propagation, which the trainer's overlap and failure handling rely on.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "device.hpp"
+#include "mnist_mt/error.hpp"
+#include "stream.hpp"
+
+namespace mnist_mt::cpu {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(Stream, RunsTasksInOrderOffTheCallingThread) {
+  Stream s("test");
+  std::vector<int> order;
+  std::thread::id runner;
+  for (int i = 0; i < 100; ++i) {
+    s.enqueue([&, i] {
+      order.push_back(i);
+      runner = std::this_thread::get_id();
+    });
+  }
+  s.synchronize();
+  ASSERT_EQ(order.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(order[i], i);
+  EXPECT_NE(runner, std::this_thread::get_id());
+}
+
+TEST(Stream, TicketsCountTasksAndWaitBlocksUntilThatTask) {
+  Stream s("test");
+  EXPECT_EQ(s.ticket(), 0u);
+  std::atomic<bool> release{false};
+  std::atomic<int> done{0};
+  const auto first = s.enqueue([&] { done = 1; });
+  s.enqueue([&] {
+    while (!release) std::this_thread::sleep_for(1ms);
+    done = 2;
+  });
+  EXPECT_EQ(first, 1u);
+  EXPECT_EQ(s.ticket(), 2u);
+  s.wait(first);
+  EXPECT_EQ(done.load(), 1);
+  release = true;
+  s.synchronize();
+  EXPECT_EQ(done.load(), 2);
+}
+
+TEST(Stream, FirstErrorIsKeptLaterTasksSkippedButComplete) {
+  Stream s("test");
+  bool ran_after = false;
+  s.enqueue([] { throw std::runtime_error("first"); });
+  s.enqueue([] { throw std::runtime_error("second"); });
+  const auto last = s.enqueue([&] { ran_after = true; });
+  try {
+    s.wait(last);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "first");
+  }
+  EXPECT_FALSE(ran_after);
+  EXPECT_THROW(s.synchronize(), std::runtime_error);  // the error stays
+}
+
+TEST(Stream, EnqueueWaitOrdersAgainstAnotherStream) {
+  Stream a("a");
+  Stream b("b");
+  std::atomic<bool> a_done{false};
+  bool seen = false;
+  a.enqueue([&] {
+    std::this_thread::sleep_for(30ms);
+    a_done = true;
+  });
+  b.enqueue_wait(a, a.ticket());
+  b.enqueue([&] { seen = a_done.load(); });
+  b.synchronize();
+  EXPECT_TRUE(seen);
+}
+
+TEST(Stream, AnErrorOnTheAwaitedStreamFailsTheWaiterWithAborted) {
+  Stream a("a");
+  Stream b("b");
+  bool ran = false;
+  a.enqueue([] { throw RuntimeFailure("boom"); });
+  b.enqueue_wait(a, a.ticket());
+  b.enqueue([&] { ran = true; });
+  EXPECT_THROW(b.synchronize(), Aborted);
+  EXPECT_FALSE(ran);
+}
+
+TEST(Stream, DestructorDrainsTheQueue) {
+  int count = 0;
+  {
+    Stream s("test");
+    for (int i = 0; i < 10; ++i) {
+      s.enqueue([&] {
+        std::this_thread::sleep_for(1ms);
+        ++count;
+      });
+    }
+  }
+  EXPECT_EQ(count, 10);
+}
+
+TEST(CpuDevice, CommWaitsForComputeAndComputeForComm) {
+  CpuDevice d(0);
+  EXPECT_EQ(d.name(), "cpu:0");
+  std::vector<int> order;  // each task runs only after the previous one, by the waits
+  d.compute().enqueue([&] {
+    std::this_thread::sleep_for(20ms);
+    order.push_back(1);
+  });
+  d.comm_wait_compute();
+  d.comm().enqueue([&] {
+    std::this_thread::sleep_for(20ms);
+    order.push_back(2);
+  });
+  d.compute_wait_comm();
+  d.compute().enqueue([&] { order.push_back(3); });
+  d.synchronize();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+}
+
+TEST(CpuDevice, SynchronizeDrainsBothStreamsAndReportsTheComputeErrorFirst) {
+  CpuDevice d(1);
+  bool comm_ran = false;
+  d.comm().enqueue([] { throw Aborted("comm"); });
+  d.compute().enqueue([] { throw RuntimeFailure("compute"); });
+  d.comm().enqueue([&] { comm_ran = true; });
+  try {
+    d.synchronize();
+    FAIL() << "no error";
+  } catch (const RuntimeFailure& e) {
+    EXPECT_STREQ(e.what(), "compute");
+  }
+  EXPECT_FALSE(comm_ran);
+}
+
+TEST(CpuDevice, WaitComputeLeavesTheCommStreamRunning) {
+  CpuDevice d(0);
+  std::atomic<bool> release{false};
+  d.comm().enqueue([&] {
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  d.compute().enqueue([] {});
+  d.wait_compute();  // returns although the comm stream is still busy
+  release = true;
+  d.synchronize();
+}
+
+}  // namespace
+}  // namespace mnist_mt::cpu

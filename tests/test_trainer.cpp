@@ -1,1 +1,274 @@
-// placeholder
+// The trainer on the CPU backend, dropout on: N ranks x batch B train what 1 rank x
+// batch N*B trains, the DataParallel baseline agrees with DDP, bucketing changes no bit,
+// one seed repeats bit for bit, a failing rank stops every rank within seconds, and the
+// epoch's evaluation and metrics count every test sample once.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "buckets.hpp"
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/model.hpp"
+#include "mnist_mt/trainer.hpp"
+
+namespace mnist_mt {
+namespace {
+
+// Uniform noise. Plain regions (a blank background, a bright square) make near-ties in
+// max-pool that rounding decides, which the comparisons below would measure instead of
+// the trainer.
+Split noise_split(std::uint32_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  Split s;
+  s.images.resize(std::size_t{n} * kImageBytes);
+  s.labels.resize(n);
+  for (auto& label : s.labels) label = static_cast<std::uint8_t>(rng() % kClasses);
+  for (auto& pixel : s.images) pixel = static_cast<std::uint8_t>(rng());
+  return s;
+}
+
+const Dataset& dataset() {
+  static const Dataset data{noise_split(640, 1), noise_split(101, 2)};
+  return data;
+}
+
+// A small learning rate and no momentum: in fp32 a rounding difference can flip a ReLU
+// whose input is within rounding of zero, which changes that sample's gradient outright,
+// and a large step would carry such a flip past the 1e-5 that the comparisons allow.
+TrainConfig config_for(int world, std::uint32_t batch) {
+  TrainConfig c;
+  for (int r = 0; r < world; ++r) c.devices.push_back(r);
+  c.batch = batch;
+  c.epochs = 1;
+  c.max_steps = 20;
+  c.seed = 7;
+  c.sgd = {0.001f, 0.0f, 1e-4f};
+  c.evaluate = false;
+  return c;
+}
+
+TrainResult run(const TrainConfig& config) {
+  auto backend = make_cpu_backend({});
+  return train(*backend, dataset(), config);
+}
+
+// The worst over the parameter tensors of |a - b| / |b| (Euclidean norms). Norms, not
+// elements: rounding differences may flip a max-pool choice between near-equal inputs,
+// which moves a few single weights by more while the tensor stays as close.
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (const ParamInfo& p : kParams) {
+    double diff = 0, norm = 0;
+    for (std::size_t i = p.offset; i < p.offset + p.count; ++i) {
+      diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+      norm += double{b[i]} * b[i];
+    }
+    worst = std::max(worst, std::sqrt(diff / norm));
+  }
+  return worst;
+}
+
+TEST(Buckets, FollowPyTorchsAssignmentInReverseLayerOrder) {
+  // Default: fc2 alone is under the first 1 MiB cap, fc2+fc1 over it; conv2+conv1 fill the next.
+  const auto defaults = make_buckets(25.0);
+  ASSERT_EQ(defaults.size(), 2u);
+  EXPECT_EQ(defaults[0].offset, layer_range(kFc1).offset);
+  EXPECT_EQ(defaults[0].count, layer_range(kFc1).count + layer_range(kFc2).count);
+  EXPECT_EQ(defaults[0].ready_layer, kFc1);
+  EXPECT_EQ(defaults[1].offset, 0u);
+  EXPECT_EQ(defaults[1].count, layer_range(kConv1).count + layer_range(kConv2).count);
+  EXPECT_EQ(defaults[1].ready_layer, kConv1);
+  // Tiny caps: a bucket per layer, fc2 first.
+  const auto tiny = make_buckets(0.001);
+  ASSERT_EQ(tiny.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(tiny[i].ready_layer, kLayers - 1 - i);
+    EXPECT_EQ(tiny[i].offset, layer_range(kLayers - 1 - i).offset);
+    EXPECT_EQ(tiny[i].count, layer_range(kLayers - 1 - i).count);
+  }
+}
+
+TEST(Trainer, NRanksTimesBatchBEqualsOneRankTimesBatchNB) {
+  constexpr std::uint32_t kBatch = 8;
+  for (int world : {2, 3, 4}) {
+    SCOPED_TRACE(testing::Message() << world << " ranks");
+    const TrainResult many = run(config_for(world, kBatch));
+    const TrainResult one = run(config_for(1, world * kBatch));
+    ASSERT_EQ(many.params.size(), kParamCount);
+    ASSERT_EQ(one.params.size(), kParamCount);
+    EXPECT_LE(relative_difference(many.params, one.params), 1e-5);
+    // And training moved the parameters, so the comparison means something.
+    const TrainResult none = [&] {
+      TrainConfig c = config_for(1, kBatch);
+      c.sgd.lr = 0;
+      return run(c);
+    }();
+    EXPECT_GT(relative_difference(one.params, none.params), 1e-3);
+    ASSERT_EQ(many.epochs.size(), 1u);
+    EXPECT_EQ(many.epochs[0].steps, 20u);
+    EXPECT_NEAR(many.epochs[0].train_loss, one.epochs[0].train_loss, 1e-5 * one.epochs[0].train_loss);
+  }
+}
+
+TEST(Trainer, DataParallelBaselineEqualsDdp) {
+  for (int world : {2, 3}) {
+    TrainConfig c = config_for(world, 8);
+    const TrainResult ddp = run(c);
+    c.mode = Mode::kDp;
+    const TrainResult dp = run(c);
+    EXPECT_LE(relative_difference(dp.params, ddp.params), 1e-5) << world << " ranks";
+    EXPECT_NEAR(dp.epochs[0].train_loss, ddp.epochs[0].train_loss, 1e-5 * ddp.epochs[0].train_loss);
+  }
+}
+
+TEST(Trainer, BucketSizeChangesNothingBitwise) {
+  TrainConfig c = config_for(3, 8);
+  c.bucket_mb = 0.001;  // a bucket per layer
+  const TrainResult small = run(c);
+  c.bucket_mb = 25;  // two buckets
+  const TrainResult large = run(c);
+  EXPECT_EQ(small.params, large.params);
+}
+
+TEST(Trainer, OneSeedRepeatsBitForBitAndAnotherSeedDoesNot) {
+  TrainConfig c = config_for(2, 8);
+  c.epochs = 2;
+  c.max_steps = 8;
+  c.evaluate = true;
+  const TrainResult a = run(c);
+  const TrainResult b = run(c);
+  EXPECT_EQ(a.params, b.params);
+  ASSERT_EQ(a.epochs.size(), 2u);
+  for (int e = 0; e < 2; ++e) {
+    EXPECT_EQ(a.epochs[e].train_loss, b.epochs[e].train_loss);
+    EXPECT_EQ(a.epochs[e].test_loss, b.epochs[e].test_loss);
+  }
+  c.seed = 8;
+  EXPECT_NE(run(c).params, a.params);
+}
+
+// Every test sample counted once whatever the world size: with lr 0 the parameters
+// never change, so 1 and 3 ranks evaluate the same network on 101 samples.
+TEST(Trainer, EvaluationCountsEveryTestSampleOnce) {
+  for (Mode mode : {Mode::kDdp, Mode::kDp}) {
+    TrainConfig c = config_for(3, 8);
+    c.mode = mode;
+    c.sgd.lr = 0;
+    c.max_steps = 1;
+    c.evaluate = true;
+    const TrainResult three = run(c);
+    c.devices = {0};
+    const TrainResult one = run(c);
+    ASSERT_EQ(three.epochs.size(), 1u);
+    EXPECT_EQ(three.epochs[0].test_accuracy, one.epochs[0].test_accuracy);
+    EXPECT_NEAR(three.epochs[0].test_loss, one.epochs[0].test_loss, 1e-6 * one.epochs[0].test_loss);
+    // Accuracy is a count of 101 samples.
+    const double correct = three.epochs[0].test_accuracy * 101;
+    EXPECT_NEAR(correct, std::round(correct), 1e-9);
+  }
+}
+
+TEST(Trainer, AFaultOnARandomRankAtARandomStepStopsEveryRankWithinSeconds) {
+  std::random_device entropy;
+  std::mt19937 rng(entropy());
+  for (Mode mode : {Mode::kDdp, Mode::kDp}) {
+    TrainConfig c = config_for(3, 8);
+    c.mode = mode;
+    c.epochs = 2;
+    c.max_steps = 10;
+    c.fault = FaultInjection{static_cast<int>(rng() % 3), rng() % 20};  // either epoch
+    const std::string expected = "rank " + std::to_string(c.fault->rank) + " failed at step " +
+                                 std::to_string(c.fault->step) + ": injected fault";
+    SCOPED_TRACE(expected);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      run(c);
+      ADD_FAILURE() << "no failure";
+    } catch (const RuntimeFailure& e) {
+      EXPECT_EQ(std::string(e.what()), expected);
+      EXPECT_EQ(dynamic_cast<const Aborted*>(&e), nullptr);
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  }
+}
+
+TEST(Trainer, MetricsFileHasALinePerEpochWithTheKeys) {
+  const auto path =
+      std::filesystem::temp_directory_path() / ("mnist_mt_metrics_" + std::to_string(::getpid()) + ".json");
+  TrainConfig c = config_for(2, 8);
+  c.epochs = 2;
+  c.max_steps = 4;
+  c.evaluate = true;
+  c.metrics = path;
+  std::ostringstream progress;
+  c.progress = &progress;
+  const TrainResult result = run(c);
+
+  std::ifstream in(path);
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    ++lines;
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j.at("epoch").get<int>(), lines);
+    for (const char* key : {"train_loss", "test_loss", "test_accuracy", "images_per_s", "seconds"}) {
+      EXPECT_TRUE(j.at(key).is_number()) << key;
+    }
+    const double accuracy = j.at("test_accuracy").get<double>();
+    EXPECT_GE(accuracy, 0.0);
+    EXPECT_LE(accuracy, 1.0);
+    EXPECT_GT(j.at("images_per_s").get<double>(), 0.0);
+    for (const char* key : {"data_wait", "forward", "backward", "comm_wait", "optimizer"}) {
+      EXPECT_GE(j.at("phase_seconds").at(key).get<double>(), 0.0) << key;
+    }
+  }
+  EXPECT_EQ(lines, 2);
+  std::filesystem::remove(path);
+  ASSERT_EQ(result.epochs.size(), 2u);
+  // Plain lines on a non-terminal, and the summaries.
+  EXPECT_NE(progress.str().find("epoch 1 step 4/4"), std::string::npos) << progress.str();
+  EXPECT_NE(progress.str().find("epoch 2: train loss"), std::string::npos) << progress.str();
+  EXPECT_NE(progress.str().find("test accuracy"), std::string::npos) << progress.str();
+}
+
+// Stopping after an epoch and resuming from the checkpoint trains what one run does.
+TEST(Trainer, ResumingFromACheckpointContinuesBitForBit) {
+  const auto path =
+      std::filesystem::temp_directory_path() / ("mnist_mt_resume_" + std::to_string(::getpid()) + ".safetensors");
+  TrainConfig c = config_for(2, 8);
+  c.sgd.momentum = 0.9f;  // the checkpoint carries the momentum
+  c.max_steps = 5;
+  c.epochs = 2;
+  const TrainResult straight = run(c);
+  c.epochs = 1;
+  c.save = path;
+  run(c);
+  c.save.reset();
+  c.load = path;
+  c.seed = 999;  // the checkpoint's seed wins
+  const TrainResult resumed = run(c);
+  std::filesystem::remove(path);
+  EXPECT_EQ(resumed.params, straight.params);
+  ASSERT_EQ(resumed.epochs.size(), 1u);
+  EXPECT_EQ(resumed.epochs[0].epoch, 2u);
+}
+
+TEST(Trainer, BadConfigIsAnInputError) {
+  TrainConfig c = config_for(2, 400);  // a global batch of 800 > 640 images
+  EXPECT_THROW(run(c), InputError);
+  c = config_for(2, 8);
+  c.fault = FaultInjection{2, 0};
+  EXPECT_THROW(run(c), InputError);
+}
+
+}  // namespace
+}  // namespace mnist_mt

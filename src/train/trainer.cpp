@@ -1,1 +1,18 @@
-// placeholder
+#include "mnist_mt/trainer.hpp"
+
+#include "run.hpp"
+
+namespace mnist_mt {
+
+TrainResult train(Backend& backend, const Dataset& data, const TrainConfig& config) {
+  Run run(backend, data, config);
+  if (config.mode == Mode::kDp) {
+    train_dp(run);
+  } else {
+    train_ddp(run);
+  }
+  run.rethrow_failure();
+  return std::move(run.result);
+}
+
+}  // namespace mnist_mt

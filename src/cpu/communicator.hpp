@@ -1,0 +1,21 @@
+#pragma once
+// In-process collectives over shared memory (DESIGN.md decisions 1 and 6). The ranks'
+// communicators share one group; each collective runs on the calling rank's comm
+// stream, and the W comm-stream threads meet at an abortable barrier.
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "device.hpp"
+#include "mnist_mt/communicator.hpp"
+
+namespace mnist_mt::cpu {
+
+// One communicator per device, rank i on devices[i], all in one group. Sums add each
+// element in rank order 0..W-1 whatever the count or chunking, so results are bitwise
+// reproducible; an average is that sum divided by W.
+// allreduce_host() blocks its caller until every rank has called it, so one thread
+// cannot drive several ranks through it.
+std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CpuDevice* const> devices);
+
+}  // namespace mnist_mt::cpu

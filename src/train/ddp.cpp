@@ -1,0 +1,141 @@
+// DDP: a worker thread per device. Each gradient bucket's allreduce goes to the comm
+// stream as soon as backward has written the bucket, while backward goes on; the
+// optimizer waits for all of them.
+#include <array>
+#include <thread>
+
+#include "buckets.hpp"
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/model.hpp"
+#include "run.hpp"
+
+namespace mnist_mt {
+namespace {
+
+class DdpWorker {
+ public:
+  DdpWorker(Run& run, int rank)
+      : run_(run),
+        rank_(rank),
+        device_(*run.devices[rank]),
+        comm_(*run.comms[rank]),
+        buckets_(make_buckets(run.config.bucket_mb)),
+        step_(run.start.step) {}
+
+  void operator()() noexcept {
+    try {
+      device_.activate();
+      replica_ = run_.backend.make_replica(device_, run_.config.batch);
+      start();
+      for (std::uint32_t epoch = run_.start.epoch; epoch < run_.last_epoch(); ++epoch) train_epoch(epoch);
+      if (rank_ == 0) {
+        run_.result.params.resize(kParamCount);
+        replica_->read_params(run_.result.params);
+      }
+    } catch (...) {
+      run_.fail(rank_, step_, std::current_exception());
+    }
+    drain(device_);
+  }
+
+ private:
+  // Rank 0's parameters reach every rank; momentum is the same everywhere already.
+  void start() {
+    if (rank_ == 0) replica_->write_params(run_.start.params);
+    if (!run_.start.momentum.empty()) replica_->write_momentum(run_.start.momentum);
+    device_.comm_wait_compute();
+    comm_.broadcast(replica_->params(), kParamCount, 0);
+    device_.compute_wait_comm();
+  }
+
+  void train_epoch(std::uint32_t epoch) {
+    const DropoutKey key{run_.start.seed, epoch};
+    EpochMetrics m;
+    m.epoch = epoch + 1;
+    StepStats train;
+    {
+      const auto lease = run_.loaders.acquire(epoch, true);
+      train = run_.train_steps(m, run_.steps_in_epoch(lease.loader().steps()), rank_ == 0, [&](PhaseSeconds& phase) {
+        run_.inject_fault(rank_, step_);
+        const StepStats stats = step(lease.loader(), key, phase);
+        ++step_;
+        return stats;
+      });
+    }
+    const StepStats test = run_.config.evaluate ? evaluate(key) : StepStats{};
+    std::array<double, 6> sums{train.loss_sum, train.correct, train.samples, test.loss_sum, test.correct, test.samples};
+    comm_.allreduce_host(sums);
+    if (rank_ != 0) return;
+    set_results(m, {sums[0], sums[1], sums[2]}, {sums[3], sums[4], sums[5]});
+    run_.end_epoch(m, *replica_, step_);
+  }
+
+  // The host waits for the compute stream after forward and after backward to time
+  // them; the comm stream runs on meanwhile, so what is left of it is the exposed wait.
+  StepStats step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {
+    Stopwatch clock;
+    const Batch* batch = loader.next(rank_);
+    if (batch == nullptr) throw Aborted("the loader was cancelled");
+    phase.data_wait += clock.lap();
+
+    replica_->set_input(*batch);
+    replica_->forward(true, key, batch->size);
+    device_.wait_compute();
+    const StepStats stats = replica_->take_stats();
+    phase.forward += clock.lap();
+
+    std::size_t next = 0;
+    replica_->backward([&](int layer) {
+      if (next < buckets_.size() && buckets_[next].ready_layer == layer) {
+        device_.comm_wait_compute();
+        comm_.allreduce(replica_->grads() + buckets_[next].offset, buckets_[next].count, ReduceOp::kAverage);
+        ++next;
+      }
+    });
+    // A bucket left out would leave the peers waiting in its allreduce.
+    if (next != buckets_.size()) throw RuntimeFailure("backward did not report every layer's gradients");
+    device_.wait_compute();
+    phase.backward += clock.lap();
+
+    device_.synchronize();
+    phase.comm_wait += clock.lap();
+
+    device_.compute_wait_comm();
+    replica_->sgd_step(run_.config.sgd);
+    device_.wait_compute();
+    phase.optimizer += clock.lap();
+    return stats;
+  }
+
+  // This rank's shard of the test set; the caller sums the ranks' stats.
+  StepStats evaluate(const DropoutKey& key) {
+    const auto lease = run_.loaders.acquire(key.epoch, false);
+    while (const Batch* batch = lease.loader().next(rank_)) {
+      if (batch->size == 0) continue;
+      replica_->set_input(*batch);
+      replica_->forward(false, key, batch->size);
+    }
+    return replica_->take_stats();
+  }
+
+  Run& run_;
+  const int rank_;
+  Device& device_;
+  Communicator& comm_;
+  const std::vector<Bucket> buckets_;
+  std::uint64_t step_;  // global: optimizer steps taken
+  std::unique_ptr<Replica> replica_;
+};
+
+}  // namespace
+
+void train_ddp(Run& run) {
+  std::vector<std::jthread> workers;
+  try {
+    for (int r = 0; r < run.world(); ++r) workers.emplace_back([&run, r] { DdpWorker(run, r)(); });
+  } catch (...) {  // a thread that could not start: release those that did
+    run.fail(static_cast<int>(workers.size()), run.start.step, std::current_exception());
+  }
+}
+
+}  // namespace mnist_mt

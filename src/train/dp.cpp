@@ -1,0 +1,161 @@
+// The DataParallel-style baseline (DESIGN.md decision 7): one host thread drives every
+// device. Each step: broadcast the parameters from device 0, scatter the global batch,
+// forward everywhere with the loss over the global batch, backward everywhere, reduce
+// the gradients to device 0 and update there. Nothing overlaps; it is the yardstick.
+#include <functional>
+
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/model.hpp"
+#include "run.hpp"
+
+namespace mnist_mt {
+namespace {
+
+class DpLoop {
+ public:
+  explicit DpLoop(Run& run) : run_(run), step_(run.start.step) {}
+
+  void operator()() noexcept {
+    try {
+      for (int d = 0; d < run_.world(); ++d) replicas_.push_back(run_.backend.make_replica(on(d), run_.config.batch));
+      on(0);
+      replicas_[0]->write_params(run_.start.params);
+      if (!run_.start.momentum.empty()) replicas_[0]->write_momentum(run_.start.momentum);
+      for (std::uint32_t epoch = run_.start.epoch; epoch < run_.last_epoch(); ++epoch) train_epoch(epoch);
+      on(0);
+      run_.result.params.resize(kParamCount);
+      replicas_[0]->read_params(run_.result.params);
+    } catch (...) {
+      run_.fail(rank_, step_, std::current_exception());
+    }
+    for (auto& d : run_.devices) drain(*d);
+  }
+
+ private:
+  // Makes device d current for this thread; errors are blamed on its rank.
+  Device& on(int d) {
+    rank_ = d;
+    run_.devices[d]->activate();
+    return *run_.devices[d];
+  }
+
+  // Runs `op(d)` for every rank inside one group of collectives.
+  void collective(const std::function<void(int)>& op) {
+    run_.backend.group_start();
+    for (int d = 0; d < run_.world(); ++d) {
+      on(d).comm_wait_compute();
+      op(d);
+    }
+    run_.backend.group_end();
+  }
+
+  // Device 0's parameters to every device; the host waits until all have them.
+  void broadcast_params() {
+    collective([&](int d) { run_.comms[d]->broadcast(replicas_[d]->params(), kParamCount, 0); });
+    for (int d = 0; d < run_.world(); ++d) on(d).synchronize();
+  }
+
+  void wait_compute_all() {
+    for (int d = 0; d < run_.world(); ++d) on(d).wait_compute();
+  }
+
+  void train_epoch(std::uint32_t epoch) {
+    const DropoutKey key{run_.start.seed, epoch};
+    EpochMetrics m;
+    m.epoch = epoch + 1;
+    StepStats train;
+    {
+      Loader loader(run_.data.train, run_.loaders.options(epoch, true));
+      train = run_.train_steps(m, run_.steps_in_epoch(loader.steps()), true, [&](PhaseSeconds& phase) {
+        const StepStats stats = step(loader, key, phase);
+        ++step_;
+        return stats;
+      });
+    }
+    set_results(m, train, run_.config.evaluate ? evaluate(key) : StepStats{});
+    run_.end_epoch(m, *replicas_[0], step_);
+  }
+
+  StepStats step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {
+    const int world = run_.world();
+    Stopwatch clock;
+    std::vector<const Batch*> batches(world);
+    std::uint32_t global = 0;
+    for (int d = 0; d < world; ++d) {
+      on(d);
+      run_.inject_fault(d, step_);
+      batches[d] = loader.next(d);
+      if (batches[d] == nullptr) throw RuntimeFailure("the loader ended early");
+      global += batches[d]->size;
+    }
+    phase.data_wait += clock.lap();
+
+    broadcast_params();
+    phase.comm_wait += clock.lap();
+
+    StepStats stats;
+    for (int d = 0; d < world; ++d) {
+      on(d);
+      replicas_[d]->set_input(*batches[d]);
+      replicas_[d]->forward(true, key, global);
+    }
+    for (int d = 0; d < world; ++d) {
+      on(d);
+      stats += replicas_[d]->take_stats();
+    }
+    phase.forward += clock.lap();
+
+    for (int d = 0; d < world; ++d) {
+      on(d);
+      replicas_[d]->backward([](int) {});
+    }
+    wait_compute_all();
+    phase.backward += clock.lap();
+
+    collective([&](int d) { run_.comms[d]->reduce(replicas_[d]->grads(), kParamCount, ReduceOp::kSum, 0); });
+    on(0).synchronize();
+    phase.comm_wait += clock.lap();
+
+    on(0).compute_wait_comm();
+    replicas_[0]->sgd_step(run_.config.sgd);
+    on(0).wait_compute();
+    phase.optimizer += clock.lap();
+    return stats;
+  }
+
+  // Every device its shard of the test set, with device 0's parameters.
+  StepStats evaluate(const DropoutKey& key) {
+    broadcast_params();
+    Loader loader(run_.data.test, run_.loaders.options(key.epoch, false));
+    for (std::uint32_t k = 0; k < loader.steps(); ++k) {
+      for (int d = 0; d < run_.world(); ++d) {
+        const Batch* batch = loader.next(d);
+        if (batch == nullptr) throw RuntimeFailure("the loader ended early");
+        if (batch->size == 0) continue;
+        on(d);
+        replicas_[d]->set_input(*batch);
+        replicas_[d]->forward(false, key, batch->size);
+      }
+    }
+    StepStats stats;
+    for (int d = 0; d < run_.world(); ++d) {
+      on(d);
+      stats += replicas_[d]->take_stats();
+    }
+    return stats;
+  }
+
+  Run& run_;
+  std::uint64_t step_;
+  int rank_ = 0;  // the device being driven
+  std::vector<std::unique_ptr<Replica>> replicas_;
+};
+
+}  // namespace
+
+void train_dp(Run& run) {
+  DpLoop loop(run);
+  loop();
+}
+
+}  // namespace mnist_mt

@@ -1,0 +1,36 @@
+#include "metrics.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "mnist_mt/error.hpp"
+
+namespace mnist_mt {
+
+MetricsFile::MetricsFile(const std::filesystem::path& path) : path_(path), out_(path, std::ios::trunc) {
+  if (!out_) throw InputError("--metrics: cannot write " + path.string() + ": " + std::strerror(errno));
+}
+
+void MetricsFile::write(const EpochMetrics& m) {
+  // NaN (no evaluation) is written as null.
+  const nlohmann::ordered_json line = {
+      {"epoch", m.epoch},
+      {"train_loss", m.train_loss},
+      {"test_loss", m.test_loss},
+      {"test_accuracy", m.test_accuracy},
+      {"images_per_s", m.images_per_s},
+      {"seconds", m.seconds},
+      {"steps", m.steps},
+      {"phase_seconds",
+       {{"data_wait", m.phase_seconds.data_wait},
+        {"forward", m.phase_seconds.forward},
+        {"backward", m.phase_seconds.backward},
+        {"comm_wait", m.phase_seconds.comm_wait},
+        {"optimizer", m.phase_seconds.optimizer}}},
+  };
+  out_ << line.dump() << '\n' << std::flush;
+  if (!out_) throw RuntimeFailure("--metrics: writing " + path_.string() + " failed");
+}
+
+}  // namespace mnist_mt

@@ -1,0 +1,38 @@
+#pragma once
+// Per-epoch metrics: the phase clock of a training step and the --metrics file.
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "mnist_mt/trainer.hpp"
+
+namespace mnist_mt {
+
+// Seconds between successive laps, to split a step into its phases.
+class Stopwatch {
+ public:
+  double lap() {
+    const auto now = std::chrono::steady_clock::now();
+    const double seconds = std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+    return seconds;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
+// One JSON object per line per epoch, each written and flushed as its epoch ends, so a
+// crashed or interrupted run keeps the epochs it finished.
+class MetricsFile {
+ public:
+  // Throws InputError when the file cannot be created.
+  explicit MetricsFile(const std::filesystem::path& path);
+  void write(const EpochMetrics& m);
+
+ private:
+  std::filesystem::path path_;
+  std::ofstream out_;
+};
+
+}  // namespace mnist_mt

@@ -1,0 +1,81 @@
+#include "progress.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+namespace mnist_mt {
+namespace {
+
+// An ostream does not say where it goes; the standard ones are the ones a terminal
+// can be behind.
+bool is_terminal(const std::ostream* out) {
+  if (out == &std::cout) return isatty(STDOUT_FILENO) != 0;
+  if (out == &std::cerr || out == &std::clog) return isatty(STDERR_FILENO) != 0;
+  return false;
+}
+
+std::string format(const char* fmt, auto... args) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, fmt, args...);
+  return buf;
+}
+
+std::string duration(double seconds) {
+  const long s = std::lround(seconds);
+  return s >= 60 ? format("%ld:%02ld", s / 60, s % 60) : format("%lds", s);
+}
+
+}  // namespace
+
+Progress::Progress(std::ostream* out, std::uint64_t images_per_step)
+    : out_(out), terminal_(is_terminal(out)), images_per_step_(images_per_step) {}
+
+void Progress::start_epoch(std::uint32_t epoch, std::uint32_t steps) {
+  epoch_ = epoch;
+  steps_ = steps;
+  start_ = last_draw_ = Clock::now();
+}
+
+void Progress::step(std::uint32_t done, double loss) {
+  if (out_ == nullptr) return;
+  const auto now = Clock::now();
+  const bool last = done == steps_;
+  if (terminal_ ? (!last && now - last_draw_ < std::chrono::milliseconds(100))
+                : (!last && done % std::max<std::uint32_t>(1, steps_ / 10) != 0)) {
+    return;
+  }
+  last_draw_ = now;
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const double rate = elapsed > 0 ? static_cast<double>(done * images_per_step_) / elapsed : 0.0;
+  const double eta = done > 0 ? elapsed / done * (steps_ - done) : 0.0;
+  const std::string stats = format("loss %.4f  %.0f img/s  ETA %s", loss, rate, duration(eta).c_str());
+  if (terminal_) {
+    constexpr int kWidth = 30;
+    const int filled = steps_ > 0 ? static_cast<int>(kWidth * std::uint64_t{done} / steps_) : kWidth;
+    *out_ << '\r'
+          << format("epoch %u [%s%s] %u/%u  ", epoch_, std::string(filled, '#').c_str(),
+                    std::string(kWidth - filled, '.').c_str(), done, steps_)
+          << stats << "\x1b[K" << std::flush;  // erase what a longer line left
+    line_open_ = true;
+  } else {
+    *out_ << format("epoch %u step %u/%u  ", epoch_, done, steps_) << stats << '\n' << std::flush;
+  }
+}
+
+void Progress::end_epoch(const EpochMetrics& m) {
+  if (out_ == nullptr) return;
+  if (line_open_) *out_ << '\n';
+  line_open_ = false;
+  *out_ << format("epoch %u: train loss %.4f", m.epoch, m.train_loss);
+  if (!std::isnan(m.test_loss)) {
+    *out_ << format(", test loss %.4f, test accuracy %.2f%%", m.test_loss, 100.0 * m.test_accuracy);
+  }
+  *out_ << format(", %.1f s, %.0f img/s", m.seconds, m.images_per_s) << std::endl;
+}
+
+}  // namespace mnist_mt

@@ -1,0 +1,61 @@
+#pragma once
+// The DDP workers' loaders: one Loader per (epoch, split) feeds every rank. The first
+// rank to ask makes it; the last to let it go destroys it. No rank waits for another.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "mnist_mt/dataset.hpp"
+#include "mnist_mt/loader.hpp"
+
+namespace mnist_mt {
+
+class SharedLoaders {
+ public:
+  // A rank's hold on one loader; lets it go when destroyed.
+  class Lease {
+   public:
+    Lease(SharedLoaders& owner, std::pair<std::uint32_t, bool> key, Loader& loader)
+        : owner_(&owner), key_(key), loader_(&loader) {}
+    Lease(Lease&& other) noexcept
+        : owner_(std::exchange(other.owner_, nullptr)), key_(other.key_), loader_(other.loader_) {}
+    Lease& operator=(Lease&&) = delete;
+    ~Lease() {
+      if (owner_ != nullptr) owner_->release(key_);
+    }
+    Loader& loader() const { return *loader_; }
+
+   private:
+    SharedLoaders* owner_;
+    std::pair<std::uint32_t, bool> key_;
+    Loader* loader_;
+  };
+
+  SharedLoaders(const Dataset& data, std::uint32_t world, std::uint32_t batch, std::uint64_t seed)
+      : data_(data), world_(world), batch_(batch), seed_(seed) {}
+
+  Lease acquire(std::uint32_t epoch, bool train);
+  // What the loader of (epoch, split) is made with.
+  LoaderOptions options(std::uint32_t epoch, bool train) const;
+  // Cancels every loader, now and any made later: ranks blocked in next() get nullptr.
+  void cancel();
+
+ private:
+  struct Entry {
+    std::unique_ptr<Loader> loader;
+    std::uint32_t released = 0;
+  };
+  void release(std::pair<std::uint32_t, bool> key) noexcept;
+
+  const Dataset& data_;
+  const std::uint32_t world_;
+  const std::uint32_t batch_;
+  const std::uint64_t seed_;
+  std::mutex mutex_;
+  std::map<std::pair<std::uint32_t, bool>, Entry> entries_;
+  bool cancelled_ = false;
+};
+
+}  // namespace mnist_mt
