@@ -312,11 +312,16 @@ class CpuReplica final : public Replica {
   }
 
   ~CpuReplica() override {
-    // Tasks still queued refer to this replica; drain them (their errors went elsewhere).
-    try {
-      device_.compute().synchronize();
-    } catch (...) {
-    }
+    // Tasks still queued refer to this replica: drain them (their errors went elsewhere).
+    // oneDNN objects die on the thread that made them: its scratchpad is counted per thread.
+    Stream& compute = device_.compute();
+    compute.wait_quiet(compute.enqueue(
+        [this] {
+          plans_.clear();
+          stream_ = dnnl::stream();
+          engine_ = dnnl::engine();
+        },
+        true));
   }
 
   std::uint32_t max_batch() const override { return max_batch_; }

@@ -18,11 +18,11 @@ Stream::~Stream() {
   thread_.join();
 }
 
-std::uint64_t Stream::enqueue(std::function<void()> task) {
+std::uint64_t Stream::enqueue(std::function<void()> task, bool even_after_error) {
   std::uint64_t t;
   {
     std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(task));
+    queue_.push_back({std::move(task), even_after_error});
     t = ++enqueued_;
   }
   work_cv_.notify_one();
@@ -53,7 +53,7 @@ void Stream::enqueue_wait(Stream& other, std::uint64_t ticket) {
 void Stream::run(std::function<void()> on_start) {
   if (on_start) on_start();
   for (;;) {
-    std::function<void()> task;
+    Task task;
     bool skip;
     {
       std::unique_lock lock(mutex_);
@@ -61,17 +61,17 @@ void Stream::run(std::function<void()> on_start) {
       if (queue_.empty()) return;  // stopping, and drained
       task = std::move(queue_.front());
       queue_.pop_front();
-      skip = error_ != nullptr;
+      skip = error_ != nullptr && !task.even_after_error;
     }
     std::exception_ptr error;
     if (!skip) {
       try {
-        task();
+        task.run();
       } catch (...) {
         error = std::current_exception();
       }
     }
-    task = nullptr;  // release captures before the task counts as complete
+    task.run = nullptr;  // release captures before the task counts as complete
     {
       std::lock_guard lock(mutex_);
       if (error && !error_) error_ = error;

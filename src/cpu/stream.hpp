@@ -22,8 +22,9 @@ class Stream {
   Stream& operator=(const Stream&) = delete;
 
   // Returns the new task's ticket. Once a task has thrown, later tasks are skipped (but
-  // still complete, so no waiter hangs) and the first error is kept.
-  std::uint64_t enqueue(std::function<void()> task);
+  // still complete, so no waiter hangs) and the first error is kept; a task enqueued
+  // with `even_after_error` (teardown on the stream's own thread) still runs.
+  std::uint64_t enqueue(std::function<void()> task, bool even_after_error = false);
   std::uint64_t ticket() const;
   // Blocks until task `ticket` has completed; rethrows the stream's first error.
   void wait(std::uint64_t ticket);
@@ -31,18 +32,22 @@ class Stream {
   // `other` fails this stream too.
   void enqueue_wait(Stream& other, std::uint64_t ticket);
   void synchronize() { wait(ticket()); }
+  // As wait(), without rethrowing: returns the stream's first error, if any.
+  std::exception_ptr wait_quiet(std::uint64_t ticket);
   const std::string& name() const { return name_; }
 
  private:
   void run(std::function<void()> on_start);
-  // Waits without rethrowing; returns the first error, if any.
-  std::exception_ptr wait_quiet(std::uint64_t ticket);
 
   std::string name_;
   mutable std::mutex mutex_;
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
-  std::deque<std::function<void()>> queue_;
+  struct Task {
+    std::function<void()> run;
+    bool even_after_error;
+  };
+  std::deque<Task> queue_;
   std::uint64_t enqueued_ = 0;
   std::uint64_t completed_ = 0;
   std::exception_ptr error_;
