@@ -39,7 +39,7 @@ PY
   passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 }
 
-suite build "--buildtype=release" ""
+suite build "--buildtype=release -Dcuda=auto" ""
 suite build-asan "--buildtype=debugoptimized -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false" \
   "--timeout-multiplier 4"
 suite build-tsan "--buildtype=debugoptimized -Dcuda=disabled -Db_sanitize=thread -Db_lundef=false" \

@@ -1,0 +1,169 @@
+#!/usr/bin/python3
+"""Runs mnist_mt and the PyTorch template on the same data, devices and settings, one
+after the other, and prints a Markdown table: training images/s of each, the ratio,
+and the final test accuracy of each, with the machine, the date and the commands.
+
+    bench/compare.py --ranks 2 --batch-size 64 --epochs 1 [--max-steps S] [--build DIR]
+    bench/compare.py --device cuda --ranks 2 ...   # GPUs 0..ranks-1, nccl for the template
+"""
+import argparse
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "bench" / "pytorch" / "demo.py"
+TORCH_PYTHON = "/usr/bin/python3"  # Debian's python3-torch is installed for this one
+PHASES = ("data_wait", "forward", "backward", "comm_wait", "optimizer")
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, default=2, help="devices: CPU ranks or GPUs 0..N-1")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=0, help="training steps per epoch, 0 = all")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--momentum", type=float, default=0.0)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--build", default=os.path.relpath(ROOT / "build"), help="meson build directory with mnist_mt")
+    p.add_argument("--launcher", choices=["spawn", "torchrun"], default="spawn",
+                   help="template ranks started by demo.py itself or by torch.distributed.run")
+    p.add_argument("--out", help="also write the Markdown to this file")
+    args = p.parse_args()
+    if args.ranks < 1 or args.batch_size < 1 or args.epochs < 1 or args.max_steps < 0:
+        p.error("--ranks, --batch-size and --epochs must be positive, --max-steps non-negative")
+    return args
+
+
+def shared_flags(args):
+    return ["--data", args.data, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+            "--lr", repr(args.lr), "--momentum", repr(args.momentum),
+            "--weight-decay", repr(args.weight_decay), "--seed", str(args.seed),
+            "--max-steps", str(args.max_steps)]
+
+
+def mnist_mt_command(args, metrics):
+    devices = (["--cpu", str(args.ranks)] if args.device == "cpu"
+               else ["--gpus", ",".join(str(i) for i in range(args.ranks))])
+    return [str(Path(args.build) / "mnist_mt")] + devices + shared_flags(args) + ["--metrics", metrics]
+
+
+def template_command(args, metrics):
+    flags = shared_flags(args) + ["--device", args.device, "--json", metrics]
+    if args.launcher == "spawn":
+        return [TORCH_PYTHON, str(TEMPLATE), "--nproc", str(args.ranks)] + flags
+    # torch 1.13's launcher mis-parses its default --tee/--redirects (0) on Python 3.11;
+    # explicit values that it does parse keep rank output on the console.
+    return [TORCH_PYTHON, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={args.ranks}", "--tee", "1", "--redirects", "2", str(TEMPLATE)] + flags
+
+
+def run(name, command, metrics):
+    """Runs `command`, echoing its output to stderr; returns its JSON-lines records."""
+    print(f"## {name}: {shlex.join(command)}", file=sys.stderr, flush=True)
+    done = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr)
+    if done.returncode != 0:
+        sys.exit(f"{name} failed with exit status {done.returncode}: {shlex.join(command)}")
+    with open(metrics) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    if not records:
+        sys.exit(f"{name} wrote no metrics to {metrics}")
+    return records
+
+
+def relative(arg):
+    return os.path.relpath(arg) if arg.startswith(str(ROOT)) else arg
+
+
+def summary(records):
+    """Images/s over all epochs together, and the last epoch's figures."""
+    seconds = sum(r["seconds"] for r in records)
+    images = sum(r["images_per_s"] * r["seconds"] for r in records)
+    last = records[-1]
+    return {"images_per_s": images / seconds, "seconds": seconds, "test_accuracy": last["test_accuracy"],
+            "test_loss": last["test_loss"], "train_loss": last["train_loss"]}
+
+
+def machine(args):
+    fields = {}
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    model = fields.get("Model name", "unknown CPU")
+    try:
+        cores = f"{int(fields['Core(s) per socket']) * int(fields['Socket(s)'])} cores"
+    except (KeyError, ValueError):
+        cores = "cores unknown"
+    text = f"{model}, {cores}, {len(os.sched_getaffinity(0))} hardware threads usable"
+    if args.device == "cuda":
+        try:
+            gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                  capture_output=True, text=True).stdout.split("\n")[:args.ranks]
+            text += "; GPUs: " + ", ".join(g.strip() for g in gpus if g.strip())
+        except OSError:
+            pass
+    return text
+
+
+def table(args, ours, theirs, commands):
+    """The Markdown report."""
+    a, b = summary(ours), summary(theirs)
+    rows = [
+        ("training images/s (all ranks)", f"{a['images_per_s']:.1f}", f"{b['images_per_s']:.1f}",
+         f"{a['images_per_s'] / b['images_per_s']:.2f}×"),
+        ("final test accuracy", f"{100 * a['test_accuracy']:.2f}%", f"{100 * b['test_accuracy']:.2f}%",
+         f"{100 * (a['test_accuracy'] - b['test_accuracy']):+.2f} points"),
+        ("final test loss", f"{a['test_loss']:.4f}", f"{b['test_loss']:.4f}", ""),
+        ("final train loss", f"{a['train_loss']:.4f}", f"{b['train_loss']:.4f}", ""),
+        ("training seconds", f"{a['seconds']:.2f}", f"{b['seconds']:.2f}", ""),
+    ]
+    backend = "gloo" if args.device == "cpu" else "nccl"
+    lines = [
+        f"**{args.ranks} {args.device.upper()} ranks, batch {args.batch_size} per rank, "
+        f"{args.epochs} epoch(s)" + (f", {args.max_steps} steps per epoch" if args.max_steps else "") +
+        f", lr {args.lr}, momentum {args.momentum}, weight decay {args.weight_decay}, seed {args.seed}**",
+        "",
+        f"| | mnist_mt | PyTorch template ({backend}) | mnist_mt / template |",
+        "|---|---:|---:|---:|",
+    ] + [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} |" for r in rows]
+    phases = [sum(r.get("phase_seconds", {}).get(p, 0.0) for r in ours) for p in PHASES]
+    if any(phases):
+        lines += ["", "mnist_mt rank 0, seconds per phase over the run (share of training time):", "",
+                  "| " + " | ".join(PHASES) + " |", "|" + "---:|" * len(PHASES),
+                  "| " + " | ".join(f"{s:.2f} ({100 * s / a['seconds']:.0f}%)" for s in phases) + " |"]
+    lines += ["", f"Machine: {machine(args)}. Date: {datetime.date.today().isoformat()}.", "",
+              f"Command: `{shlex.join(['bench/compare.py'] + sys.argv[1:])}`, which ran:", ""]
+    lines += [f"- `{shlex.join(c)}`" for c in commands]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    args = parse_args()
+    with tempfile.TemporaryDirectory(prefix="mnist_mt_compare.") as tmp:
+        ours_cmd = mnist_mt_command(args, str(Path(tmp) / "mnist_mt.jsonl"))
+        theirs_cmd = template_command(args, str(Path(tmp) / "template.jsonl"))
+        ours = run("mnist_mt", ours_cmd, ours_cmd[-1])
+        theirs = run("template", theirs_cmd, theirs_cmd[-1])
+    # The commands as a reader would repeat them: without the temporary metrics files,
+    # with paths relative to the working directory.
+    shown = [[relative(a) for a in c[:-2]] for c in (ours_cmd, theirs_cmd)]
+    report = table(args, ours, theirs, shown)
+    print(report, end="")
+    if args.out:
+        Path(args.out).write_text(report)
+
+
+if __name__ == "__main__":
+    main()
