@@ -21,33 +21,7 @@
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/idx.hpp"
 
-// The largest single allocation since the last reset: the reader must not trust sizes it
-// has not checked against the data.
-namespace {
-std::atomic<std::size_t> g_largest_allocation{0};
-}
-namespace {
-void* tracked_malloc(std::size_t size) noexcept {
-  std::size_t seen = g_largest_allocation.load(std::memory_order_relaxed);
-  while (size > seen && !g_largest_allocation.compare_exchange_weak(seen, size, std::memory_order_relaxed)) {
-  }
-  return std::malloc(size == 0 ? 1 : size);
-}
-void* tracked_new(std::size_t size) {
-  if (void* p = tracked_malloc(size)) return p;
-  throw std::bad_alloc();
-}
-}  // namespace
-void* operator new(std::size_t size) { return tracked_new(size); }
-void* operator new[](std::size_t size) { return tracked_new(size); }
-void* operator new(std::size_t size, const std::nothrow_t&) noexcept { return tracked_malloc(size); }
-void* operator new[](std::size_t size, const std::nothrow_t&) noexcept { return tracked_malloc(size); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+#include "alloc_hook.hpp"
 
 namespace mnist_mt {
 namespace {
@@ -242,16 +216,16 @@ TEST_P(IdxBoth, DeclaredSizeBeyondTheFileAllocatesNothing) {
   Bytes images = images_file(1);
   images[4] = images[5] = images[6] = images[7] = 0xff;  // 2^32-1 images of 28x28: 3.4 TB
   const fs::path path = file("images", images);
-  g_largest_allocation = 0;
+  alloc_hook::largest = 0;
   expect_images_error(path, "truncated payload: header declares 3367254359296 bytes");
-  EXPECT_LT(g_largest_allocation.load(), std::size_t{1} << 20);
+  EXPECT_LT(alloc_hook::largest.load(), std::size_t{1} << 20);
 
   Bytes labels = labels_file(3);
   labels[4] = labels[5] = labels[6] = labels[7] = 0xff;
   const fs::path labels_path = file("labels", labels);
-  g_largest_allocation = 0;
+  alloc_hook::largest = 0;
   expect_labels_error(labels_path, "truncated payload");
-  EXPECT_LT(g_largest_allocation.load(), std::size_t{1} << 20);
+  EXPECT_LT(alloc_hook::largest.load(), std::size_t{1} << 20);
 }
 
 TEST(IdxGzip, ShortDataUnderAPlausibleDeclaredSizeGrowsWithTheData) {
@@ -266,9 +240,9 @@ TEST(IdxGzip, ShortDataUnderAPlausibleDeclaredSizeGrowsWithTheData) {
   std::mt19937 gen(3);
   for (int i = 0; i < 128 * 1024; ++i) content.push_back(static_cast<std::uint8_t>(gen()));
   const fs::path path = write(dir / "images", gzip(content));
-  g_largest_allocation = 0;
+  alloc_hook::largest = 0;
   expect_images_error(path, "truncated payload: expected 78400016 bytes, got 131088 (decompressed)");
-  EXPECT_LT(g_largest_allocation.load(), std::size_t{4} << 20);
+  EXPECT_LT(alloc_hook::largest.load(), std::size_t{4} << 20);
 }
 
 TEST(IdxGzip, ContentDecidesNotTheName) {

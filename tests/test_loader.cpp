@@ -19,28 +19,7 @@
 #include "mnist_mt/loader.hpp"
 #include "mnist_mt/sampler.hpp"
 
-// Counts every allocation through operator new, on any thread.
-namespace {
-std::atomic<std::uint64_t> g_allocations{0};
-void* counted_malloc(std::size_t size) noexcept {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  return std::malloc(size == 0 ? 1 : size);
-}
-void* counted_new(std::size_t size) {
-  if (void* p = counted_malloc(size)) return p;
-  throw std::bad_alloc();
-}
-}  // namespace
-void* operator new(std::size_t size) { return counted_new(size); }
-void* operator new[](std::size_t size) { return counted_new(size); }
-void* operator new(std::size_t size, const std::nothrow_t&) noexcept { return counted_malloc(size); }
-void* operator new[](std::size_t size, const std::nothrow_t&) noexcept { return counted_malloc(size); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+#include "alloc_hook.hpp"
 
 namespace mnist_mt {
 namespace {
@@ -256,11 +235,11 @@ TEST(Loader, AllocatesNothingPerBatchInSteadyState) {
   ASSERT_EQ(loader.steps(), 375u);
   for (int step = 0; step < 20; ++step)
     for (std::uint32_t r = 0; r < o.world; ++r) ASSERT_NE(loader.next(r), nullptr);
-  const std::uint64_t before = g_allocations.load();
+  const std::uint64_t before = alloc_hook::count.load();
   for (int step = 20; step < 355; ++step)
     for (std::uint32_t r = 0; r < o.world; ++r)
       if (loader.next(r) == nullptr) FAIL() << "ended early at step " << step;
-  EXPECT_EQ(g_allocations.load() - before, 0u) << "allocations while 335 steps were delivered";
+  EXPECT_EQ(alloc_hook::count.load() - before, 0u) << "allocations while 335 steps were delivered";
 }
 
 TEST(Loader, CancelReleasesConsumersWaitingOnAnEmptyQueue) {
