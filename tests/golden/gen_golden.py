@@ -30,14 +30,18 @@ fp32 rounding of their own; the C++ tests compare their fp32 results against the
 """
 import json
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
+# The network is the template's own definition, so the fixtures are the template's.
+sys.path.insert(0, str(HERE.parent.parent / "bench" / "pytorch"))
+from demo import Net  # noqa: E402
+
 TORCH_SEED = 20240611
 BATCH_SEED = 7
 INIT_SEED = 0x0123456789ABCDEF
@@ -47,30 +51,6 @@ SAMPLE_STRIDE = 97
 MEAN, STD = 0.1307, 0.3081
 NAMES = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
          "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
-
-
-class Net(nn.Module):
-    """The template's network (bench/pytorch/demo.py)."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, 1)
-        self.conv2 = nn.Conv2d(32, 64, 3, 1)
-        self.dropout1 = nn.Dropout(0.25)
-        self.dropout2 = nn.Dropout(0.5)
-        self.fc1 = nn.Linear(9216, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.relu(self.conv2(x))
-        x = F.max_pool2d(x, 2)
-        x = self.dropout1(x)
-        x = torch.flatten(x, 1)
-        x = F.relu(self.fc1(x))
-        x = self.dropout2(x)
-        x = self.fc2(x)
-        return F.log_softmax(x, dim=1)
 
 
 # --- Philox4x32-10, written from Salmon et al. (SC'11), independent of philox.hpp ---
