@@ -217,5 +217,8 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::cerr << "mnist_mt: error: " << e.what() << std::endl;
     return 3;
+  } catch (...) {
+    std::cerr << "mnist_mt: error: unknown failure" << std::endl;
+    return 3;
   }
 }

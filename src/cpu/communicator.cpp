@@ -85,53 +85,85 @@ class Group {
 
   // Reduce-scatter (rank r sums chunk r of every buffer into its own), then all-gather.
   void allreduce(int rank, float* data, std::size_t count, ReduceOp op) {
-    if (size_ == 1) return barrier();  // the identity; the barrier still reports an abort
-    buffers_[rank] = data;
-    barrier();
-    const Chunk mine = chunk_of(count, rank, size_);
-    reduce_chunk(buffers_, mine, data, op);
-    barrier();
-    for (int s = 0; s < size_; ++s) {
-      if (s == rank) continue;
-      const Chunk theirs = chunk_of(count, s, size_);
-      copy(data + theirs.begin, buffers_[s] + theirs.begin, theirs.count);
-    }
-    barrier();  // peers have read our chunk before our buffer may change
+    collective([&] {
+      if (size_ == 1) return barrier();  // the identity; the barrier still reports an abort
+      buffers_[rank] = data;
+      barrier();
+      const Chunk mine = chunk_of(count, rank, size_);
+      reduce_chunk(buffers_, mine, data, op);
+      barrier();
+      for (int s = 0; s < size_; ++s) {
+        if (s == rank) continue;
+        const Chunk theirs = chunk_of(count, s, size_);
+        copy(data + theirs.begin, buffers_[s] + theirs.begin, theirs.count);
+      }
+      barrier();  // peers have read our chunk before our buffer may change
+    });
   }
 
   void broadcast(int rank, float* data, std::size_t count, int root) {
-    buffers_[rank] = data;
-    barrier();
-    if (rank != root) copy(data, buffers_[root], count);
-    barrier();
+    collective([&] {
+      buffers_[rank] = data;
+      barrier();
+      if (rank != root) copy(data, buffers_[root], count);
+      barrier();
+    });
   }
 
   // Each rank sums its chunk straight into root's buffer.
   void reduce(int rank, float* data, std::size_t count, ReduceOp op, int root) {
-    if (size_ == 1) return barrier();
-    buffers_[rank] = data;
-    barrier();
-    reduce_chunk(buffers_, chunk_of(count, rank, size_), buffers_[root], op);
-    barrier();
+    collective([&] {
+      if (size_ == 1) return barrier();
+      buffers_[rank] = data;
+      barrier();
+      reduce_chunk(buffers_, chunk_of(count, rank, size_), buffers_[root], op);
+      barrier();
+    });
   }
 
   // Few values: every rank sums all of them, in rank order.
   void allreduce_host(int rank, std::span<double> data) {
-    host_buffers_[rank] = data.data();
-    barrier();
-    std::vector<double> sum(host_buffers_[0], host_buffers_[0] + data.size());
-    for (int s = 1; s < size_; ++s) {
-      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += host_buffers_[s][i];
-    }
-    barrier();
-    std::copy(sum.begin(), sum.end(), data.begin());
+    collective([&] {
+      host_buffers_[rank] = data.data();
+      barrier();
+      std::vector<double> sum(host_buffers_[0], host_buffers_[0] + data.size());
+      for (int s = 1; s < size_; ++s) {
+        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += host_buffers_[s][i];
+      }
+      barrier();
+      std::copy(sum.begin(), sum.end(), data.begin());
+    });
   }
 
  private:
+  // One rank's part of a collective. A rank that leaves it early (released by an abort,
+  // or failing) aborts the group and then waits for every peer to leave too: until then
+  // a peer may still be reading or writing its buffer, which its owner frees next.
+  template <typename Body>
+  void collective(Body&& body) {
+    {
+      std::lock_guard lock(mutex_);
+      ++inside_;
+    }
+    try {
+      body();
+    } catch (...) {
+      std::unique_lock lock(mutex_);
+      aborted_ = true;  // peers still in this collective could never complete it
+      --inside_;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return inside_ == 0; });
+      throw;
+    }
+    std::lock_guard lock(mutex_);
+    if (--inside_ == 0) cv_.notify_all();
+  }
+
   const int size_;
   std::mutex mutex_;
   std::condition_variable cv_;
   int waiting_ = 0;
+  int inside_ = 0;  // ranks between the start and the end of a collective
   std::uint64_t generation_ = 0;
   bool aborted_ = false;
   // The current collective's buffer of each rank: written by that rank before the first

@@ -132,7 +132,15 @@ class DdpWorker {
 void train_ddp(Run& run) {
   std::vector<std::jthread> workers;
   try {
-    for (int r = 0; r < run.world(); ++r) workers.emplace_back([&run, r] { DdpWorker(run, r)(); });
+    for (int r = 0; r < run.world(); ++r) {
+      workers.emplace_back([&run, r] {
+        try {
+          DdpWorker(run, r)();
+        } catch (...) {  // the worker could not be made: its peers must not wait for it
+          run.fail(r, run.start.step, std::current_exception());
+        }
+      });
+    }
   } catch (...) {  // a thread that could not start: release those that did
     run.fail(static_cast<int>(workers.size()), run.start.step, std::current_exception());
   }

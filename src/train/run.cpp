@@ -30,7 +30,13 @@ void check(const TrainConfig& config, const Dataset& data) {
 // run draws what an uninterrupted one would), or fresh parameters from the seed.
 Checkpoint starting_point(const TrainConfig& config, const Dataset& data) {
   check(config, data);
-  if (config.load) return load_checkpoint(*config.load);
+  if (config.load) {
+    try {
+      return load_checkpoint(*config.load);
+    } catch (const InputError& e) {
+      throw InputError(std::string("--load: ") + e.what());
+    }
+  }
   Checkpoint start;
   start.params.resize(kParamCount);
   init_parameters(config.seed, start.params);
