@@ -263,7 +263,9 @@ void Loader::State::fail(std::exception_ptr e) noexcept {
 
 void Loader::State::cancel() noexcept {
   stopped.store(true);
-  context.cancel_group_execution();
+  // A pipeline that has returned has nothing left to cancel. Skipping it also keeps
+  // ThreadSanitizer from seeing a race with libtbb's (uninstrumented) context setup.
+  if (!finished.load()) context.cancel_group_execution();
   wake_all();
 }
 
