@@ -44,6 +44,14 @@ constexpr Range layer_range(int layer) {
   return {kParams[2 * layer].offset, kParams[2 * layer].count + kParams[2 * layer + 1].count};
 }
 
+// Activation geometry (square maps, side x side per channel), shared by the backends.
+inline constexpr std::size_t kConv1Channels = 32, kConv1Side = 26;  // conv1 3x3 on 28x28
+inline constexpr std::size_t kConv2Channels = 64, kConv2Side = 24;  // conv2 3x3 on 26x26
+inline constexpr std::size_t kPoolSide = kConv2Side / 2;             // max_pool2d(2)
+inline constexpr std::size_t kFlat = kConv2Channels * kPoolSide * kPoolSide;  // fc1's input, 9216
+inline constexpr std::size_t kHidden = 128;                          // fc1's output
+static_assert(kFlat == 9216);
+
 inline constexpr float kDropout1 = 0.25f;  // after max_pool2d
 inline constexpr float kDropout2 = 0.5f;   // after fc1
 inline constexpr float kInputMean = 0.1307f;

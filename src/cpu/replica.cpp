@@ -1,22 +1,30 @@
-// The oneDNN replica. Activations stay in the layouts oneDNN picks (blocked nChw16c on
-// AVX-512) from conv1 to the pooling; one reorder turns the pooled map into PyTorch's
-// flatten order for fc1, and dropout runs on that plain copy. Parameters, gradients and
-// momentum are flat buffers in state-dict order; only the small conv weights are reordered.
+// The CPU replica: conv2 and the fully-connected layers through oneDNN, conv1 and the
+// ReLU + max pooling through own kernels (conv1.hpp, pool.hpp). Activations from conv1 to
+// the pooling are in oneDNN's blocked layout for the ISA (nChw16c on AVX-512, nChw8c
+// otherwise); the pooling writes PyTorch's flatten order for fc1, and dropout runs on
+// that. Parameters, gradients and momentum are flat buffers in state-dict order; only
+// conv2's weights are reordered.
 #include "replica.hpp"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstring>
 #include <dnnl.hpp>
 #include <functional>
+#include <iostream>
 #include <map>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
 
+#include "conv1.hpp"
 #include "kernels.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
+#include "pool.hpp"
 
 namespace mnist_mt::cpu {
 namespace {
@@ -25,9 +33,7 @@ using dnnl::memory;
 using Tag = memory::format_tag;
 constexpr auto kF32 = memory::data_type::f32;
 
-constexpr std::int64_t kConv1Side = 26, kConv2Side = 24, kPoolSide = 12;
-constexpr std::int64_t kConv1Channels = 32, kConv2Channels = 64, kHidden = 128;
-constexpr std::int64_t kFlat = kConv2Channels * kPoolSide * kPoolSide;  // 9216
+using Dim = memory::dim;
 
 struct AlignedFree {
   void operator()(void* p) const { ::operator delete[](p, std::align_val_t{64}); }
@@ -51,9 +57,7 @@ struct Buffers {
         d_act1(aligned_zeros<float>(b * kConv1Channels * kConv1Side * kConv1Side)),
         act2(aligned_zeros<float>(b * kConv2Channels * kConv2Side * kConv2Side)),
         d_act2(aligned_zeros<float>(b * kConv2Channels * kConv2Side * kConv2Side)),
-        pooled(aligned_zeros<float>(b * kFlat)),
-        d_pooled(aligned_zeros<float>(b * kFlat)),
-        workspace(aligned_zeros<std::uint8_t>(b * kFlat * sizeof(std::int32_t))),
+        argmax(aligned_zeros<std::uint8_t>(b * kFlat)),
         flat(aligned_zeros<float>(b * kFlat)),
         d_flat(aligned_zeros<float>(b * kFlat)),
         hidden(aligned_zeros<float>(b * kHidden)),
@@ -65,12 +69,27 @@ struct Buffers {
         samples(aligned_zeros<std::uint32_t>(b)) {}
 
   std::size_t max_batch;
-  Aligned<float> input, act1, d_act1, act2, d_act2, pooled, d_pooled;
-  Aligned<std::uint8_t> workspace;  // max pooling's argmax, at most 4 bytes an output
+  Aligned<float> input, act1, d_act1, act2, d_act2;
+  Aligned<std::uint8_t> argmax;  // the pooling's, one byte an output
   Aligned<float> flat, d_flat, hidden, d_hidden, logits, logp, dlogits;
   Aligned<std::uint8_t> labels;
   Aligned<std::uint32_t> samples;
 };
+
+// The operations of a step, in order; each is timed (take_profile) and has one entry in a
+// plan's kernel list. Weight reorders are part of the convolution pass they serve.
+enum Op : int {
+  kInputOp, kConv1Forward, kConv2Forward, kPoolForward, kDropout1Forward, kFc1Forward, kDropout2Forward,
+  kFc2Forward, kLossOp, kFc2BackwardWeights, kFc2BackwardData, kDropout2Backward, kFc1BackwardWeights,
+  kFc1BackwardData, kDropout1Backward, kPoolBackward, kConv2BackwardWeights, kConv2BackwardData,
+  kConv1BackwardWeights, kSgdOp, kOpCount
+};
+constexpr std::array<const char*, kOpCount> kOpNames{
+    "input (normalise)",     "conv1 forward (+ReLU)",      "conv2 forward",          "ReLU + pool forward",
+    "dropout1 forward",      "fc1 forward (+ReLU)",        "dropout2 forward",       "fc2 forward",
+    "log_softmax + NLL",     "fc2 backward_weights",       "fc2 backward_data",      "dropout2 + ReLU backward",
+    "fc1 backward_weights",  "fc1 backward_data",          "dropout1 backward",      "ReLU + pool backward",
+    "conv2 backward_weights", "conv2 backward_data",       "ReLU + conv1 backward_weights", "SGD"};
 
 // A primitive with its arguments, run through the C API so a step allocates nothing.
 struct Step {
@@ -82,16 +101,16 @@ struct Step {
 struct Plan {
   std::uint32_t batch = 0;
   std::vector<memory> memories;     // keeps the memory objects behind Step::args alive
-  std::vector<Aligned<float>> owned;  // conv weights in oneDNN's layouts
-  std::vector<Step> weights_to_forward;  // conv weights: state-dict layout -> forward layouts
-  Step conv1, conv2, pool, flatten, fc1, fc2;
+  std::vector<Aligned<float>> owned;  // conv2's weights in oneDNN's layouts
+  std::vector<Step> weights_to_forward;  // conv2's weights: state-dict layout -> forward layout
+  Step conv2, fc1, fc2;
   Step fc2_backward_weights;
   Step fc2_backward_data, fc1_backward_weights;
-  Step fc1_backward_data, unflatten, pool_backward, conv2_backward_weights;
-  std::vector<Step> conv2_grads_out;  // conv2 weight gradients -> state-dict layout
+  Step fc1_backward_data, conv2_backward_weights;
+  std::vector<Step> conv2_grads_out;  // conv2's weight gradients -> state-dict layout
   std::vector<Step> weights_to_backward;
-  Step conv2_backward_data, relu1_backward, conv1_backward_weights;
-  std::vector<Step> conv1_grads_out;
+  Step conv2_backward_data;
+  std::array<std::string, kOpCount> impl;  // what runs each operation: oneDNN's implementation or ours
 };
 
 memory::desc plain(const ParamInfo& p) {
@@ -122,8 +141,11 @@ class PlanBuilder {
     return bind(desc, buffer.get(), capacity_count * sizeof(T));
   }
 
+  // A primitive bound to its arguments, recorded as (part of) operation `op`.
   template <class Pd>
-  Step step(const Pd& pd, std::initializer_list<std::pair<int, memory>> args) {
+  Step step(Op op, const Pd& pd, std::initializer_list<std::pair<int, memory>> args, const char* what = "") {
+    std::string& impl = plan_.impl[op];
+    impl += (impl.empty() ? "" : " + ") + std::string(what) + pd.impl_info_str();
     Step s{dnnl::primitive(pd.get()), {}};
     for (const auto& [arg, mem] : args) s.args.push_back({arg, mem.get()});
     return s;
@@ -132,14 +154,15 @@ class PlanBuilder {
   // `user` itself when `wanted` is its layout; otherwise a buffer of the plan in the
   // wanted layout, and in `steps` a reorder between the two (user -> buffer when
   // `into_wanted`, else buffer -> user).
-  memory bridge(const memory& user, const memory::desc& wanted, bool into_wanted, std::vector<Step>& steps) {
+  memory bridge(Op op, const memory& user, const memory::desc& wanted, bool into_wanted,
+                std::vector<Step>& steps) {
     if (wanted == user.get_desc()) return user;
     auto& owned = plan_.owned.emplace_back(aligned_zeros<float>(wanted.get_size() / sizeof(float)));
     const memory buffer = plan_.memories.emplace_back(wanted, engine_, owned.get());
     const memory& from = into_wanted ? user : buffer;
     const memory& to = into_wanted ? buffer : user;
-    steps.push_back(step(dnnl::reorder::primitive_desc(engine_, from.get_desc(), engine_, to.get_desc()),
-                         {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}}));
+    steps.push_back(step(op, dnnl::reorder::primitive_desc(engine_, from.get_desc(), engine_, to.get_desc()),
+                         {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}}, "reorder "));
     return buffer;
   }
 
@@ -149,43 +172,32 @@ class PlanBuilder {
   dnnl::primitive_attr relu_attr_;
 };
 
-std::unique_ptr<Plan> build_plan(const dnnl::engine& engine, std::uint32_t batch, const Buffers& buf, float* params,
-                                 float* grads) {
+std::unique_ptr<Plan> build_plan(const dnnl::engine& engine, std::uint32_t batch, Isa isa, const Buffers& buf,
+                                 float* params, float* grads) {
   using namespace dnnl;
   auto plan = std::make_unique<Plan>();
   plan->batch = batch;
   PlanBuilder b(engine, *plan);
-  const memory::dim n = batch;
+  const Dim n = batch;
   const std::size_t cap = buf.max_batch;
-  const memory::dims unit{1, 1}, zero{0, 0}, two{2, 2};
+  const memory::dims unit{1, 1}, zero{0, 0};
   const auto desc = [](const ParamInfo& p) { return plain(p); };
   const auto view = [&](int i, float* base) {
     return b.bind(desc(kParams[i]), base + kParams[i].offset, kParams[i].count * sizeof(float));
   };
-  const memory::desc any_w1({kConv1Channels, 1, 3, 3}, kF32, Tag::any);
-  const memory::desc any_w2({kConv2Channels, kConv1Channels, 3, 3}, kF32, Tag::any);
-  const memory::desc x_md({n, 1, kImageSide, kImageSide}, kF32, Tag::nchw);
+  // conv2's input and output in the blocked layout the own kernels read and write.
+  const Tag blocked = channel_block(isa) == 16 ? Tag::nChw16c : Tag::nChw8c;
+  const memory::desc a1_md({n, Dim{kConv1Channels}, Dim{kConv1Side}, Dim{kConv1Side}}, kF32, blocked);
+  const memory::desc a2_md({n, Dim{kConv2Channels}, Dim{kConv2Side}, Dim{kConv2Side}}, kF32, blocked);
+  const memory::desc any_w2({Dim{kConv2Channels}, Dim{kConv1Channels}, 3, 3}, kF32, Tag::any);
   // fc1's input is the pooled map in PyTorch's flatten order: nchw seen as [n, 9216].
-  const memory::desc flat_md({n, kFlat}, kF32, Tag::nc), hidden_md({n, kHidden}, kF32, Tag::nc);
-  const memory::desc flat_nchw_md({n, kConv2Channels, kPoolSide, kPoolSide}, kF32, Tag::nchw);
-  const memory::desc logits_md({n, kClasses}, kF32, Tag::nc);
+  const memory::desc flat_md({n, Dim{kFlat}}, kF32, Tag::nc), hidden_md({n, Dim{kHidden}}, kF32, Tag::nc);
+  const memory::desc logits_md({n, Dim{kClasses}}, kF32, Tag::nc);
 
-  // Forward: conv weights and activations in whatever layout oneDNN prefers (Tag::any).
-  const convolution_forward::primitive_desc conv1_pd(
-      convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct, x_md, any_w1,
-                                desc(kParams[1]), {{n, kConv1Channels, kConv1Side, kConv1Side}, kF32, Tag::any},
-                                unit, zero, zero),
-      b.relu_attr(), engine);
-  const memory::desc a1_md = conv1_pd.dst_desc();
+  // conv2 without its ReLU, which the pooling applies.
   const convolution_forward::primitive_desc conv2_pd(
       convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_auto, a1_md, any_w2,
-                                desc(kParams[3]), {{n, kConv2Channels, kConv2Side, kConv2Side}, kF32, Tag::any},
-                                unit, zero, zero),
-      b.relu_attr(), engine);
-  const memory::desc a2_md = conv2_pd.dst_desc();
-  const pooling_forward::primitive_desc pool_pd(
-      pooling_forward::desc(prop_kind::forward_training, algorithm::pooling_max, a2_md,
-                            {{n, kConv2Channels, kPoolSide, kPoolSide}, kF32, Tag::any}, two, two, zero, zero),
+                                desc(kParams[3]), a2_md, unit, zero, zero),
       engine);
   const inner_product_forward::primitive_desc fc1_pd(
       inner_product_forward::desc(prop_kind::forward_training, flat_md, desc(kParams[4]), desc(kParams[5]), hidden_md),
@@ -203,8 +215,6 @@ std::unique_ptr<Plan> build_plan(const dnnl::engine& engine, std::uint32_t batch
       inner_product_backward_weights::desc(flat_md, desc(kParams[4]), desc(kParams[5]), hidden_md), engine, fc1_pd);
   const inner_product_backward_data::primitive_desc fc1_bd_pd(
       inner_product_backward_data::desc(flat_md, desc(kParams[4]), hidden_md), engine, fc1_pd);
-  const pooling_backward::primitive_desc pool_bd_pd(
-      pooling_backward::desc(algorithm::pooling_max, a2_md, pool_pd.dst_desc(), two, two, zero, zero), engine, pool_pd);
   const convolution_backward_weights::primitive_desc conv2_bw_pd(
       convolution_backward_weights::desc(algorithm::convolution_auto, a1_md, any_w2, desc(kParams[3]), a2_md, unit,
                                          zero, zero),
@@ -212,72 +222,52 @@ std::unique_ptr<Plan> build_plan(const dnnl::engine& engine, std::uint32_t batch
   const convolution_backward_data::primitive_desc conv2_bd_pd(
       convolution_backward_data::desc(algorithm::convolution_auto, a1_md, any_w2, a2_md, unit, zero, zero), engine,
       conv2_pd);
-  const eltwise_forward::primitive_desc relu1_hint(
-      eltwise_forward::desc(prop_kind::forward_training, algorithm::eltwise_relu_use_dst_for_bwd, a1_md, 0.0f), engine);
-  const eltwise_backward::primitive_desc relu1_bd_pd(
-      eltwise_backward::desc(algorithm::eltwise_relu_use_dst_for_bwd, a1_md, a1_md, 0.0f), engine, relu1_hint);
-  const convolution_backward_weights::primitive_desc conv1_bw_pd(
-      convolution_backward_weights::desc(algorithm::convolution_direct, x_md, any_w1, desc(kParams[1]), a1_md, unit,
-                                         zero, zero),
-      engine, conv1_pd);
 
   const std::size_t act1_count = cap * kConv1Channels * kConv1Side * kConv1Side;
   const std::size_t act2_count = cap * kConv2Channels * kConv2Side * kConv2Side;
-  const memory x = b.bind(x_md, buf.input, cap * kImageBytes);
   const memory a1 = b.bind(a1_md, buf.act1, act1_count), d_a1 = b.bind(a1_md, buf.d_act1, act1_count);
   const memory a2 = b.bind(a2_md, buf.act2, act2_count), d_a2 = b.bind(a2_md, buf.d_act2, act2_count);
-  const memory pooled = b.bind(pool_pd.dst_desc(), buf.pooled, cap * kFlat);
-  const memory d_pooled = b.bind(pool_bd_pd.diff_dst_desc(), buf.d_pooled, cap * kFlat);
-  const memory ws = b.bind(pool_pd.workspace_desc(), buf.workspace, cap * kFlat * sizeof(std::int32_t));
   const memory flat = b.bind(flat_md, buf.flat, cap * kFlat), d_flat = b.bind(flat_md, buf.d_flat, cap * kFlat);
   const memory hidden = b.bind(hidden_md, buf.hidden, cap * kHidden);
   const memory d_hidden = b.bind(hidden_md, buf.d_hidden, cap * kHidden);
   const memory logits = b.bind(logits_md, buf.logits, cap * kClasses);
   const memory dlogits = b.bind(logits_md, buf.dlogits, cap * kClasses);
-  const memory flat_nchw = b.bind(flat_nchw_md, buf.flat, cap * kFlat);
-  const memory d_flat_nchw = b.bind(flat_nchw_md, buf.d_flat, cap * kFlat);
 
-  const memory w1 = b.bridge(view(0, params), conv1_pd.weights_desc(), true, plan->weights_to_forward);
-  const memory w2 = b.bridge(view(2, params), conv2_pd.weights_desc(), true, plan->weights_to_forward);
-  const memory w2_bd = b.bridge(view(2, params), conv2_bd_pd.weights_desc(), true, plan->weights_to_backward);
-  const memory dw1 = b.bridge(view(0, grads), conv1_bw_pd.diff_weights_desc(), false, plan->conv1_grads_out);
-  const memory dw2 = b.bridge(view(2, grads), conv2_bw_pd.diff_weights_desc(), false, plan->conv2_grads_out);
+  // Our own kernels: everything oneDNN does not run.
+  const std::string own = std::string("own:") + isa_name(isa);
+  for (Op op : {kInputOp, kConv1Forward, kPoolForward, kDropout1Forward, kDropout2Forward, kLossOp, kDropout2Backward,
+                kDropout1Backward, kPoolBackward, kConv1BackwardWeights, kSgdOp})
+    plan->impl[op] = own;
+  const memory w2 = b.bridge(kConv2Forward, view(2, params), conv2_pd.weights_desc(), true,
+                             plan->weights_to_forward);
+  plan->conv2 = b.step(kConv2Forward, conv2_pd, {{DNNL_ARG_SRC, a1}, {DNNL_ARG_WEIGHTS, w2},
+                                                   {DNNL_ARG_BIAS, view(3, params)}, {DNNL_ARG_DST, a2}});
+  plan->fc1 = b.step(kFc1Forward, fc1_pd, {{DNNL_ARG_SRC, flat}, {DNNL_ARG_WEIGHTS, view(4, params)},
+                                             {DNNL_ARG_BIAS, view(5, params)}, {DNNL_ARG_DST, hidden}});
+  plan->fc2 = b.step(kFc2Forward, fc2_pd, {{DNNL_ARG_SRC, hidden}, {DNNL_ARG_WEIGHTS, view(6, params)},
+                                             {DNNL_ARG_BIAS, view(7, params)}, {DNNL_ARG_DST, logits}});
 
-  plan->conv1 = b.step(conv1_pd, {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, w1}, {DNNL_ARG_BIAS, view(1, params)},
-                                  {DNNL_ARG_DST, a1}});
-  plan->conv2 = b.step(conv2_pd, {{DNNL_ARG_SRC, a1}, {DNNL_ARG_WEIGHTS, w2}, {DNNL_ARG_BIAS, view(3, params)},
-                                  {DNNL_ARG_DST, a2}});
-  plan->pool = b.step(pool_pd, {{DNNL_ARG_SRC, a2}, {DNNL_ARG_DST, pooled}, {DNNL_ARG_WORKSPACE, ws}});
-  plan->flatten = b.step(dnnl::reorder::primitive_desc(engine, pool_pd.dst_desc(), engine, flat_nchw_md),
-                         {{DNNL_ARG_FROM, pooled}, {DNNL_ARG_TO, flat_nchw}});
-  plan->fc1 = b.step(fc1_pd, {{DNNL_ARG_SRC, flat}, {DNNL_ARG_WEIGHTS, view(4, params)},
-                              {DNNL_ARG_BIAS, view(5, params)}, {DNNL_ARG_DST, hidden}});
-  plan->fc2 = b.step(fc2_pd, {{DNNL_ARG_SRC, hidden}, {DNNL_ARG_WEIGHTS, view(6, params)},
-                              {DNNL_ARG_BIAS, view(7, params)}, {DNNL_ARG_DST, logits}});
-
-  plan->fc2_backward_weights = b.step(fc2_bw_pd, {{DNNL_ARG_SRC, hidden}, {DNNL_ARG_DIFF_DST, dlogits},
-                                                  {DNNL_ARG_DIFF_WEIGHTS, view(6, grads)},
-                                                  {DNNL_ARG_DIFF_BIAS, view(7, grads)}});
-  plan->fc2_backward_data = b.step(fc2_bd_pd, {{DNNL_ARG_DIFF_DST, dlogits}, {DNNL_ARG_WEIGHTS, view(6, params)},
-                                               {DNNL_ARG_DIFF_SRC, d_hidden}});
-  plan->fc1_backward_weights = b.step(fc1_bw_pd, {{DNNL_ARG_SRC, flat}, {DNNL_ARG_DIFF_DST, d_hidden},
-                                                  {DNNL_ARG_DIFF_WEIGHTS, view(4, grads)},
-                                                  {DNNL_ARG_DIFF_BIAS, view(5, grads)}});
-  plan->fc1_backward_data = b.step(fc1_bd_pd, {{DNNL_ARG_DIFF_DST, d_hidden}, {DNNL_ARG_WEIGHTS, view(4, params)},
-                                               {DNNL_ARG_DIFF_SRC, d_flat}});
-  plan->unflatten = b.step(dnnl::reorder::primitive_desc(engine, flat_nchw_md, engine, pool_bd_pd.diff_dst_desc()),
-                           {{DNNL_ARG_FROM, d_flat_nchw}, {DNNL_ARG_TO, d_pooled}});
-  plan->pool_backward = b.step(pool_bd_pd, {{DNNL_ARG_DIFF_DST, d_pooled}, {DNNL_ARG_WORKSPACE, ws},
-                                            {DNNL_ARG_DIFF_SRC, d_a2}});
-  plan->conv2_backward_weights = b.step(conv2_bw_pd, {{DNNL_ARG_SRC, a1}, {DNNL_ARG_DIFF_DST, d_a2},
-                                                      {DNNL_ARG_DIFF_WEIGHTS, dw2},
-                                                      {DNNL_ARG_DIFF_BIAS, view(3, grads)}});
-  plan->conv2_backward_data = b.step(conv2_bd_pd, {{DNNL_ARG_DIFF_DST, d_a2}, {DNNL_ARG_WEIGHTS, w2_bd},
-                                                   {DNNL_ARG_DIFF_SRC, d_a1}});
-  plan->relu1_backward = b.step(relu1_bd_pd, {{DNNL_ARG_DST, a1}, {DNNL_ARG_DIFF_DST, d_a1}, {DNNL_ARG_DIFF_SRC, d_a1}});
-  plan->conv1_backward_weights = b.step(conv1_bw_pd, {{DNNL_ARG_SRC, x}, {DNNL_ARG_DIFF_DST, d_a1},
-                                                      {DNNL_ARG_DIFF_WEIGHTS, dw1},
-                                                      {DNNL_ARG_DIFF_BIAS, view(1, grads)}});
+  plan->fc2_backward_weights = b.step(kFc2BackwardWeights, fc2_bw_pd,
+                                      {{DNNL_ARG_SRC, hidden}, {DNNL_ARG_DIFF_DST, dlogits},
+                                       {DNNL_ARG_DIFF_WEIGHTS, view(6, grads)}, {DNNL_ARG_DIFF_BIAS, view(7, grads)}});
+  plan->fc2_backward_data = b.step(kFc2BackwardData, fc2_bd_pd,
+                                   {{DNNL_ARG_DIFF_DST, dlogits}, {DNNL_ARG_WEIGHTS, view(6, params)},
+                                    {DNNL_ARG_DIFF_SRC, d_hidden}});
+  plan->fc1_backward_weights = b.step(kFc1BackwardWeights, fc1_bw_pd,
+                                      {{DNNL_ARG_SRC, flat}, {DNNL_ARG_DIFF_DST, d_hidden},
+                                       {DNNL_ARG_DIFF_WEIGHTS, view(4, grads)}, {DNNL_ARG_DIFF_BIAS, view(5, grads)}});
+  plan->fc1_backward_data = b.step(kFc1BackwardData, fc1_bd_pd,
+                                   {{DNNL_ARG_DIFF_DST, d_hidden}, {DNNL_ARG_WEIGHTS, view(4, params)},
+                                    {DNNL_ARG_DIFF_SRC, d_flat}});
+  const memory dw2 = b.bridge(kConv2BackwardWeights, view(2, grads), conv2_bw_pd.diff_weights_desc(), false,
+                              plan->conv2_grads_out);
+  plan->conv2_backward_weights = b.step(kConv2BackwardWeights, conv2_bw_pd,
+                                        {{DNNL_ARG_SRC, a1}, {DNNL_ARG_DIFF_DST, d_a2}, {DNNL_ARG_DIFF_WEIGHTS, dw2},
+                                         {DNNL_ARG_DIFF_BIAS, view(3, grads)}});
+  const memory w2_bd = b.bridge(kConv2BackwardData, view(2, params), conv2_bd_pd.weights_desc(), true,
+                                plan->weights_to_backward);
+  plan->conv2_backward_data = b.step(kConv2BackwardData, conv2_bd_pd,
+                                     {{DNNL_ARG_DIFF_DST, d_a2}, {DNNL_ARG_WEIGHTS, w2_bd}, {DNNL_ARG_DIFF_SRC, d_a1}});
   return plan;
 }
 
@@ -291,9 +281,9 @@ void run(const std::vector<Step>& steps, const dnnl::stream& stream) {
   for (const Step& s : steps) run(s, stream);
 }
 
-class CpuReplica final : public Replica {
+class CpuReplicaImpl final : public CpuReplica {
  public:
-  CpuReplica(CpuDevice& device, std::uint32_t max_batch)
+  CpuReplicaImpl(CpuDevice& device, std::uint32_t max_batch)
       : device_(device),
         max_batch_(max_batch),
         params_(aligned_zeros<float>(kParamCount)),
@@ -311,7 +301,7 @@ class CpuReplica final : public Replica {
     plan_for(max_batch);
   }
 
-  ~CpuReplica() override {
+  ~CpuReplicaImpl() override {
     // Tasks still queued refer to this replica: drain them (their errors went elsewhere).
     // oneDNN objects die on the thread that made them: its scratchpad is counted per thread.
     Stream& compute = device_.compute();
@@ -340,9 +330,11 @@ class CpuReplica final : public Replica {
     std::memcpy(staged_labels_.data(), batch.labels.data(), batch.size);
     std::memcpy(staged_samples_.data(), batch.indices.data(), batch.size * sizeof(std::uint32_t));
     staged_ticket_ = device_.compute().enqueue([this, plan] {
-      normalise_images(staged_images_.data(), std::size_t{plan->batch} * kImageBytes, buffers_.input.get());
-      std::memcpy(buffers_.labels.get(), staged_labels_.data(), plan->batch);
-      std::memcpy(buffers_.samples.get(), staged_samples_.data(), plan->batch * sizeof(std::uint32_t));
+      timed(kInputOp, [&] {
+        normalise_images(staged_images_.data(), std::size_t{plan->batch} * kImageBytes, buffers_.input.get());
+        std::memcpy(buffers_.labels.get(), staged_labels_.data(), plan->batch);
+        std::memcpy(buffers_.samples.get(), staged_samples_.data(), plan->batch * sizeof(std::uint32_t));
+      });
     });
     plan_ = plan;
   }
@@ -358,36 +350,49 @@ class CpuReplica final : public Replica {
   void backward(const std::function<void(int layer)>& grads_ready) override {
     Plan* plan = current_plan();
     Stream& compute = device_.compute();
-    compute.enqueue([this, plan] { run(plan->fc2_backward_weights, stream_); });
+    compute.enqueue([this, plan] { timed(kFc2BackwardWeights, [&] { run(plan->fc2_backward_weights, stream_); }); });
     grads_ready(kFc2);
     compute.enqueue([this, plan] {
-      run(plan->fc2_backward_data, stream_);
-      relu_dropout_backward(buffers_.hidden.get(), scale1_, std::size_t{plan->batch} * kHidden, buffers_.d_hidden.get());
-      run(plan->fc1_backward_weights, stream_);
+      const std::size_t n = plan->batch;
+      timed(kFc2BackwardData, [&] { run(plan->fc2_backward_data, stream_); });
+      timed(kDropout2Backward,
+            [&] { relu_dropout_backward(buffers_.hidden.get(), scale1_, n * kHidden, buffers_.d_hidden.get()); });
+      timed(kFc1BackwardWeights, [&] { run(plan->fc1_backward_weights, stream_); });
     });
     grads_ready(kFc1);
     compute.enqueue([this, plan] {
-      run(plan->fc1_backward_data, stream_);
-      relu_dropout_backward(buffers_.flat.get(), scale0_, std::size_t{plan->batch} * kFlat, buffers_.d_flat.get());
-      run(plan->unflatten, stream_);
-      run(plan->pool_backward, stream_);
-      run(plan->conv2_backward_weights, stream_);
-      run(plan->conv2_grads_out, stream_);
+      const std::size_t n = plan->batch;
+      timed(kFc1BackwardData, [&] { run(plan->fc1_backward_data, stream_); });
+      timed(kDropout1Backward,
+            [&] { relu_dropout_backward(buffers_.flat.get(), scale0_, n * kFlat, buffers_.d_flat.get()); });
+      timed(kPoolBackward, [&] {
+        pool_.backward(buffers_.d_flat.get(), buffers_.argmax.get(), plan->batch, buffers_.d_act2.get());
+      });
+      timed(kConv2BackwardWeights, [&] {
+        run(plan->conv2_backward_weights, stream_);
+        run(plan->conv2_grads_out, stream_);
+      });
     });
     grads_ready(kConv2);
     compute.enqueue([this, plan] {
-      run(plan->weights_to_backward, stream_);
-      run(plan->conv2_backward_data, stream_);
-      run(plan->relu1_backward, stream_);
-      run(plan->conv1_backward_weights, stream_);
-      run(plan->conv1_grads_out, stream_);
+      timed(kConv2BackwardData, [&] {
+        run(plan->weights_to_backward, stream_);
+        run(plan->conv2_backward_data, stream_);
+      });
+      timed(kConv1BackwardWeights, [&] {
+        float* g = grads_.get();
+        conv1_.backward_weights(buffers_.input.get(), buffers_.act1.get(), buffers_.d_act1.get(), plan->batch,
+                                g + kParams[0].offset, g + kParams[1].offset);
+      });
     });
     grads_ready(kConv1);
   }
 
   void sgd_step(const SgdOptions& options) override {
     device_.compute().enqueue([this, options] {
-      sgd_update(params_.get(), grads_.get(), momentum_.get(), kParamCount, options, !momentum_valid_);
+      timed(kSgdOp, [&] {
+        sgd_update(params_.get(), grads_.get(), momentum_.get(), kParamCount, options, !momentum_valid_);
+      });
       momentum_valid_ = true;
     });
   }
@@ -422,6 +427,25 @@ class CpuReplica final : public Replica {
     return stats;
   }
 
+  std::vector<KernelInfo> kernels(std::uint32_t batch) override {
+    const Plan& plan = plan_for(batch);
+    std::vector<KernelInfo> out;
+    for (int op = 0; op < kOpCount; ++op) out.push_back({kOpNames[op], plan.impl[op]});
+    return out;
+  }
+
+  std::vector<OpTime> take_profile() override {
+    std::vector<OpTime> out;
+    run_sync([&] {
+      for (int op = 0; op < kOpCount; ++op) {
+        out.push_back({kOpNames[op], plan_ != nullptr ? plan_->impl[op] : "", seconds_[op], calls_[op]});
+        seconds_[op] = 0;
+        calls_[op] = 0;
+      }
+    });
+    return out;
+  }
+
  private:
   Plan* current_plan() const {
     if (plan_ == nullptr) throw RuntimeFailure(device_.name() + ": replica used before set_input");
@@ -436,18 +460,40 @@ class CpuReplica final : public Replica {
     std::unique_ptr<Plan> plan;
     run_sync([&] {
       try {
-        plan = build_plan(engine_, batch, buffers_, params_.get(), grads_.get());
+        plan = build_plan(engine_, batch, isa_, buffers_, params_.get(), grads_.get());
       } catch (const dnnl::error& e) {
-        throw RuntimeFailure(device_.name() + ": oneDNN: " + e.what());
+        throw RuntimeFailure(device_.name() + ": oneDNN, plan for batch " + std::to_string(batch) + ": " + e.what());
       }
     });
+    warn_if_reference(*plan);
     return *plans_.emplace(batch, std::move(plan)).first->second;
+  }
+
+  // Once per process: a reference implementation makes training many times slower.
+  void warn_if_reference(const Plan& plan) const {
+    static std::once_flag warned;
+    for (int op = 0; op < kOpCount; ++op)
+      if (is_reference(plan.impl[op]))
+        std::call_once(warned, [&] {
+          std::cerr << "mnist_mt: warning: " << device_.name() << ": oneDNN runs " << kOpNames[op] << " at batch "
+                    << plan.batch << " with a reference implementation (" << plan.impl[op]
+                    << "); training will be slow on this CPU\n";
+        });
   }
 
   template <class F>
   void run_sync(F&& task) {
     Stream& compute = device_.compute();
     compute.wait(compute.enqueue(std::forward<F>(task)));
+  }
+
+  // Runs `work` (on the compute thread) and adds its time to `op`'s.
+  template <class F>
+  void timed(Op op, F&& work) {
+    const auto start = std::chrono::steady_clock::now();
+    work();
+    seconds_[op] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++calls_[op];
   }
 
   void copy_out(const float* from, std::span<float> out) {
@@ -466,26 +512,43 @@ class CpuReplica final : public Replica {
 
   void run_forward(const Plan& plan, bool train, const DropoutKey& key, float loss_denominator) {
     const std::uint32_t n = plan.batch;
-    run(plan.weights_to_forward, stream_);
-    run(plan.conv1, stream_);
-    run(plan.conv2, stream_);
-    run(plan.pool, stream_);
-    run(plan.flatten, stream_);
+    const float* p = params_.get();
+    timed(kConv1Forward, [&] {
+      conv1_.forward(buffers_.input.get(), p + kParams[0].offset, p + kParams[1].offset, n, buffers_.act1.get());
+    });
+    timed(kConv2Forward, [&] {
+      run(plan.weights_to_forward, stream_);
+      run(plan.conv2, stream_);
+    });
+    timed(kPoolForward, [&] { pool_.forward(buffers_.act2.get(), n, buffers_.flat.get(), buffers_.argmax.get()); });
     scale0_ = train ? 1.0f / (1.0f - kDropout1) : 1.0f;
-    if (train) dropout_forward(key, buffers_.samples.get(), n, RandomStream::kDropout0, kFlat, kDropout1, buffers_.flat.get());
-    run(plan.fc1, stream_);
+    if (train)
+      timed(kDropout1Forward, [&] {
+        dropout_forward(key, buffers_.samples.get(), n, RandomStream::kDropout0, kFlat, kDropout1, buffers_.flat.get());
+      });
+    timed(kFc1Forward, [&] { run(plan.fc1, stream_); });
     scale1_ = train ? 1.0f / (1.0f - kDropout2) : 1.0f;
     if (train)
-      dropout_forward(key, buffers_.samples.get(), n, RandomStream::kDropout1, kHidden, kDropout2, buffers_.hidden.get());
-    run(plan.fc2, stream_);
-    stream_.wait();
-    log_softmax_nll(buffers_.logits.get(), buffers_.labels.get(), n, loss_denominator, buffers_.logp.get(),
-                    buffers_.dlogits.get(), sums_);
+      timed(kDropout2Forward, [&] {
+        dropout_forward(key, buffers_.samples.get(), n, RandomStream::kDropout1, kHidden, kDropout2,
+                        buffers_.hidden.get());
+      });
+    timed(kFc2Forward, [&] {
+      run(plan.fc2, stream_);
+      stream_.wait();
+    });
+    timed(kLossOp, [&] {
+      log_softmax_nll(buffers_.logits.get(), buffers_.labels.get(), n, loss_denominator, buffers_.logp.get(),
+                      buffers_.dlogits.get(), sums_);
+    });
     samples_ += n;
   }
 
   CpuDevice& device_;
   const std::uint32_t max_batch_;
+  const Isa isa_ = kernel_isa();
+  const Conv1Kernels conv1_ = conv1_kernels(isa_);
+  const PoolKernels pool_ = pool_kernels(isa_);
   dnnl::engine engine_;
   dnnl::stream stream_;
   Aligned<float> params_, grads_, momentum_;
@@ -503,12 +566,16 @@ class CpuReplica final : public Replica {
   float scale0_ = 1.0f, scale1_ = 1.0f;  // dropout scales of the last forward
   LossSums sums_;
   double samples_ = 0;
+  std::array<double, kOpCount> seconds_{};
+  std::array<std::uint64_t, kOpCount> calls_{};
 };
 
 }  // namespace
 
-std::unique_ptr<Replica> make_cpu_replica(CpuDevice& device, std::uint32_t max_batch) {
-  return std::make_unique<CpuReplica>(device, max_batch);
+bool is_reference(std::string_view impl) { return impl.find("ref") != std::string_view::npos; }
+
+std::unique_ptr<CpuReplica> make_cpu_replica(CpuDevice& device, std::uint32_t max_batch) {
+  return std::make_unique<CpuReplicaImpl>(device, max_batch);
 }
 
 }  // namespace mnist_mt::cpu

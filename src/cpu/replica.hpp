@@ -1,16 +1,46 @@
 #pragma once
-// The oneDNN replica of the network (include/mnist_mt/replica.hpp) on one CPU device.
+// The CPU replica of the network (include/mnist_mt/replica.hpp) on one CPU device.
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "device.hpp"
 #include "mnist_mt/replica.hpp"
 
 namespace mnist_mt::cpu {
 
+// What runs one operation of the step: oneDNN's implementation name(s) (impl_info_str,
+// e.g. "jit:avx2", with " + reorder ..." for weight reorders) or "own:<isa>".
+struct KernelInfo {
+  std::string op;
+  std::string impl;
+};
+
+// Compute-thread time of one operation since the last take_profile().
+struct OpTime {
+  std::string op;
+  std::string impl;  // of the plan used last
+  double seconds = 0;
+  std::uint64_t calls = 0;
+};
+
+class CpuReplica : public Replica {
+ public:
+  // Every operation of the plan for `batch` (built now if it is not yet), in step order.
+  virtual std::vector<KernelInfo> kernels(std::uint32_t batch) = 0;
+  // Waits for the device; returns each operation's time since the last call and resets it.
+  virtual std::vector<OpTime> take_profile() = 0;
+};
+
+// Whether oneDNN's implementation string names a reference (unoptimised) one.
+bool is_reference(std::string_view impl);
+
 // Builds the oneDNN primitives for batch `max_batch` on the device's compute stream
 // (oneDNN chooses kernels for the thread count it runs with) and waits for them.
-// Parameters, gradients and momentum start at zero.
-std::unique_ptr<Replica> make_cpu_replica(CpuDevice& device, std::uint32_t max_batch);
+// Parameters, gradients and momentum start at zero. Warns once per process on stderr
+// when a plan runs a reference implementation.
+std::unique_ptr<CpuReplica> make_cpu_replica(CpuDevice& device, std::uint32_t max_batch);
 
 }  // namespace mnist_mt::cpu

@@ -1,0 +1,18 @@
+#pragma once
+// The instruction set the CPU backend's own kernels run with, chosen once per process:
+// oneDNN's effective ISA, so that ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) holds our
+// kernels to the same level as oneDNN's and one machine can measure another's speed.
+#include <cstddef>
+
+namespace mnist_mt::cpu {
+
+enum class Isa { kPortable, kAvx2, kAvx512 };
+
+Isa kernel_isa();
+const char* isa_name(Isa isa);  // "portable", "avx2", "avx512"
+
+// Channels per block of the activations from conv1 to the pooling (oneDNN's nChw16c on
+// AVX-512, nChw8c otherwise): one vector register of floats.
+constexpr std::size_t channel_block(Isa isa) { return isa == Isa::kAvx512 ? 16 : 8; }
+
+}  // namespace mnist_mt::cpu

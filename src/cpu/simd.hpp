@@ -1,0 +1,31 @@
+#pragma once
+// Vectors of B floats (GCC vector extensions) for the own kernels, and the attributes that
+// compile one body per instruction set. A kernel is a template over B, always inlined
+// into three entry points: AVX-512 (B = 16), AVX2 (B = 8) and portable (B = 8, which GCC
+// lowers to SSE2); isa.hpp picks one of them once per process.
+#include <cstddef>
+
+namespace mnist_mt::cpu {
+
+template <std::size_t B>
+struct VecOf {
+  typedef float type __attribute__((vector_size(4 * B)));
+};
+template <std::size_t B>
+using Vec = typename VecOf<B>::type;
+
+template <std::size_t B>
+[[gnu::always_inline]] inline Vec<B> load(const float* p) {
+  Vec<B> v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+template <std::size_t B>
+[[gnu::always_inline]] inline void store(float* p, const Vec<B>& v) {
+  __builtin_memcpy(p, &v, sizeof v);
+}
+
+}  // namespace mnist_mt::cpu
+
+#define MNIST_MT_AVX512 [[gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]]
+#define MNIST_MT_AVX2 [[gnu::target("avx2,fma")]]
