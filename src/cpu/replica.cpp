@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "conv1.hpp"
+#include "conv2_winograd.hpp"
 #include "kernels.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
@@ -81,15 +82,14 @@ struct Buffers {
 enum Op : int {
   kInputOp, kConv1Forward, kConv2Forward, kPoolForward, kDropout1Forward, kFc1Forward, kDropout2Forward,
   kFc2Forward, kLossOp, kFc2BackwardWeights, kFc2BackwardData, kDropout2Backward, kFc1BackwardWeights,
-  kFc1BackwardData, kDropout1Backward, kPoolBackward, kConv2BackwardWeights, kConv2BackwardData,
-  kConv1BackwardWeights, kSgdOp, kOpCount
+  kFc1BackwardData, kDropout1Backward, kPoolBackward, kConv2Backward, kConv1BackwardWeights, kSgdOp, kOpCount
 };
 constexpr std::array<const char*, kOpCount> kOpNames{
     "input (normalise)",     "conv1 forward (+ReLU)",      "conv2 forward",          "ReLU + pool forward",
     "dropout1 forward",      "fc1 forward (+ReLU)",        "dropout2 forward",       "fc2 forward",
     "log_softmax + NLL",     "fc2 backward_weights",       "fc2 backward_data",      "dropout2 + ReLU backward",
     "fc1 backward_weights",  "fc1 backward_data",          "dropout1 backward",      "ReLU + pool backward",
-    "conv2 backward_weights", "conv2 backward_data",       "ReLU + conv1 backward_weights", "SGD"};
+    "conv2 backward (weights + data)", "ReLU + conv1 backward_weights", "SGD"};
 
 // A primitive with its arguments, run through the C API so a step allocates nothing.
 struct Step {
@@ -104,12 +104,8 @@ struct Plan {
   std::vector<Aligned<float>> owned;  // conv2's weights in oneDNN's layouts
   std::vector<Step> weights_to_forward;  // conv2's weights: state-dict layout -> forward layout
   Step conv2, fc1, fc2;
-  Step fc2_backward_weights;
-  Step fc2_backward_data, fc1_backward_weights;
-  Step fc1_backward_data, conv2_backward_weights;
-  std::vector<Step> conv2_grads_out;  // conv2's weight gradients -> state-dict layout
-  std::vector<Step> weights_to_backward;
-  Step conv2_backward_data;
+  Step fc2_backward_weights, fc2_backward_data, fc1_backward_weights, fc1_backward_data;
+  std::unique_ptr<Conv2WinogradBackward> conv2_backward;
   std::array<std::string, kOpCount> impl;  // what runs each operation: oneDNN's implementation or ours
 };
 
@@ -140,6 +136,8 @@ class PlanBuilder {
   memory bind(const memory::desc& desc, const Aligned<T>& buffer, std::size_t capacity_count) {
     return bind(desc, buffer.get(), capacity_count * sizeof(T));
   }
+  // A parameter (or its gradient) in its state-dict layout, inside the flat buffer at `base`.
+  memory view(const ParamInfo& p, float* base) { return bind(plain(p), base + p.offset, p.count * sizeof(float)); }
 
   // A primitive bound to its arguments, recorded as (part of) operation `op`.
   template <class Pd>
@@ -172,102 +170,91 @@ class PlanBuilder {
   dnnl::primitive_attr relu_attr_;
 };
 
-std::unique_ptr<Plan> build_plan(const dnnl::engine& engine, std::uint32_t batch, Isa isa, const Buffers& buf,
-                                 float* params, float* grads) {
+// conv2's forward through oneDNN's convolution (Winograd on AVX-512, direct otherwise),
+// without the ReLU that the pooling applies; weights reordered into oneDNN's layout.
+void add_conv2_forward(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* params) {
   using namespace dnnl;
-  auto plan = std::make_unique<Plan>();
-  plan->batch = batch;
-  PlanBuilder b(engine, *plan);
-  const Dim n = batch;
+  const Dim n = plan.batch;
   const std::size_t cap = buf.max_batch;
   const memory::dims unit{1, 1}, zero{0, 0};
-  const auto desc = [](const ParamInfo& p) { return plain(p); };
-  const auto view = [&](int i, float* base) {
-    return b.bind(desc(kParams[i]), base + kParams[i].offset, kParams[i].count * sizeof(float));
-  };
-  // conv2's input and output in the blocked layout the own kernels read and write.
   const Tag blocked = channel_block(isa) == 16 ? Tag::nChw16c : Tag::nChw8c;
   const memory::desc a1_md({n, Dim{kConv1Channels}, Dim{kConv1Side}, Dim{kConv1Side}}, kF32, blocked);
   const memory::desc a2_md({n, Dim{kConv2Channels}, Dim{kConv2Side}, Dim{kConv2Side}}, kF32, blocked);
   const memory::desc any_w2({Dim{kConv2Channels}, Dim{kConv1Channels}, 3, 3}, kF32, Tag::any);
-  // fc1's input is the pooled map in PyTorch's flatten order: nchw seen as [n, 9216].
-  const memory::desc flat_md({n, Dim{kFlat}}, kF32, Tag::nc), hidden_md({n, Dim{kHidden}}, kF32, Tag::nc);
-  const memory::desc logits_md({n, Dim{kClasses}}, kF32, Tag::nc);
-
-  // conv2 without its ReLU, which the pooling applies.
-  const convolution_forward::primitive_desc conv2_pd(
-      convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_auto, a1_md, any_w2,
-                                desc(kParams[3]), a2_md, unit, zero, zero),
-      engine);
-  const inner_product_forward::primitive_desc fc1_pd(
-      inner_product_forward::desc(prop_kind::forward_training, flat_md, desc(kParams[4]), desc(kParams[5]), hidden_md),
-      b.relu_attr(), engine);
-  const inner_product_forward::primitive_desc fc2_pd(
-      inner_product_forward::desc(prop_kind::forward_training, hidden_md, desc(kParams[6]), desc(kParams[7]), logits_md),
-      engine);
-
-  // Backward, on the forward's activation layouts.
-  const inner_product_backward_weights::primitive_desc fc2_bw_pd(
-      inner_product_backward_weights::desc(hidden_md, desc(kParams[6]), desc(kParams[7]), logits_md), engine, fc2_pd);
-  const inner_product_backward_data::primitive_desc fc2_bd_pd(
-      inner_product_backward_data::desc(hidden_md, desc(kParams[6]), logits_md), engine, fc2_pd);
-  const inner_product_backward_weights::primitive_desc fc1_bw_pd(
-      inner_product_backward_weights::desc(flat_md, desc(kParams[4]), desc(kParams[5]), hidden_md), engine, fc1_pd);
-  const inner_product_backward_data::primitive_desc fc1_bd_pd(
-      inner_product_backward_data::desc(flat_md, desc(kParams[4]), hidden_md), engine, fc1_pd);
-  const convolution_backward_weights::primitive_desc conv2_bw_pd(
-      convolution_backward_weights::desc(algorithm::convolution_auto, a1_md, any_w2, desc(kParams[3]), a2_md, unit,
-                                         zero, zero),
-      engine, conv2_pd);
-  const convolution_backward_data::primitive_desc conv2_bd_pd(
-      convolution_backward_data::desc(algorithm::convolution_auto, a1_md, any_w2, a2_md, unit, zero, zero), engine,
-      conv2_pd);
-
+  const memory::desc bias_md = plain(kParams[3]);
+  const convolution_forward::primitive_desc fwd(
+      convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_auto, a1_md, any_w2, bias_md,
+                                a2_md, unit, zero, zero),
+      b.engine());
   const std::size_t act1_count = cap * kConv1Channels * kConv1Side * kConv1Side;
   const std::size_t act2_count = cap * kConv2Channels * kConv2Side * kConv2Side;
-  const memory a1 = b.bind(a1_md, buf.act1, act1_count), d_a1 = b.bind(a1_md, buf.d_act1, act1_count);
-  const memory a2 = b.bind(a2_md, buf.act2, act2_count), d_a2 = b.bind(a2_md, buf.d_act2, act2_count);
+  const memory a1 = b.bind(a1_md, buf.act1, act1_count), a2 = b.bind(a2_md, buf.act2, act2_count);
+  const auto view = [&](int i, float* base) { return b.view(kParams[i], base); };
+  const memory w2 = b.bridge(kConv2Forward, view(2, params), fwd.weights_desc(), true, plan.weights_to_forward);
+  plan.conv2 = b.step(kConv2Forward, fwd,
+                      {{DNNL_ARG_SRC, a1}, {DNNL_ARG_WEIGHTS, w2}, {DNNL_ARG_BIAS, view(3, params)}, {DNNL_ARG_DST, a2}});
+}
+
+// fc1 (ReLU fused) and fc2 through oneDNN's inner products, on PyTorch's flatten order:
+// the pooled map nchw seen as [n, 9216].
+void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, float* params, float* grads) {
+  using namespace dnnl;
+  const Dim n = plan.batch;
+  const std::size_t cap = buf.max_batch;
+  const memory::desc flat_md({n, Dim{kFlat}}, kF32, Tag::nc), hidden_md({n, Dim{kHidden}}, kF32, Tag::nc);
+  const memory::desc logits_md({n, Dim{kClasses}}, kF32, Tag::nc);
+  const auto desc = [](int i) { return plain(kParams[i]); };
+  const inner_product_forward::primitive_desc fc1_pd(
+      inner_product_forward::desc(prop_kind::forward_training, flat_md, desc(4), desc(5), hidden_md), b.relu_attr(),
+      b.engine());
+  const inner_product_forward::primitive_desc fc2_pd(
+      inner_product_forward::desc(prop_kind::forward_training, hidden_md, desc(6), desc(7), logits_md), b.engine());
+  const inner_product_backward_weights::primitive_desc fc2_bw_pd(
+      inner_product_backward_weights::desc(hidden_md, desc(6), desc(7), logits_md), b.engine(), fc2_pd);
+  const inner_product_backward_data::primitive_desc fc2_bd_pd(
+      inner_product_backward_data::desc(hidden_md, desc(6), logits_md), b.engine(), fc2_pd);
+  const inner_product_backward_weights::primitive_desc fc1_bw_pd(
+      inner_product_backward_weights::desc(flat_md, desc(4), desc(5), hidden_md), b.engine(), fc1_pd);
+  const inner_product_backward_data::primitive_desc fc1_bd_pd(
+      inner_product_backward_data::desc(flat_md, desc(4), hidden_md), b.engine(), fc1_pd);
+
   const memory flat = b.bind(flat_md, buf.flat, cap * kFlat), d_flat = b.bind(flat_md, buf.d_flat, cap * kFlat);
   const memory hidden = b.bind(hidden_md, buf.hidden, cap * kHidden);
   const memory d_hidden = b.bind(hidden_md, buf.d_hidden, cap * kHidden);
   const memory logits = b.bind(logits_md, buf.logits, cap * kClasses);
   const memory dlogits = b.bind(logits_md, buf.dlogits, cap * kClasses);
+  const auto view = [&](int i, float* base) { return b.view(kParams[i], base); };
+  plan.fc1 = b.step(kFc1Forward, fc1_pd, {{DNNL_ARG_SRC, flat}, {DNNL_ARG_WEIGHTS, view(4, params)},
+                                          {DNNL_ARG_BIAS, view(5, params)}, {DNNL_ARG_DST, hidden}});
+  plan.fc2 = b.step(kFc2Forward, fc2_pd, {{DNNL_ARG_SRC, hidden}, {DNNL_ARG_WEIGHTS, view(6, params)},
+                                          {DNNL_ARG_BIAS, view(7, params)}, {DNNL_ARG_DST, logits}});
+  plan.fc2_backward_weights = b.step(kFc2BackwardWeights, fc2_bw_pd,
+                                     {{DNNL_ARG_SRC, hidden}, {DNNL_ARG_DIFF_DST, dlogits},
+                                      {DNNL_ARG_DIFF_WEIGHTS, view(6, grads)}, {DNNL_ARG_DIFF_BIAS, view(7, grads)}});
+  plan.fc2_backward_data = b.step(kFc2BackwardData, fc2_bd_pd,
+                                  {{DNNL_ARG_DIFF_DST, dlogits}, {DNNL_ARG_WEIGHTS, view(6, params)},
+                                   {DNNL_ARG_DIFF_SRC, d_hidden}});
+  plan.fc1_backward_weights = b.step(kFc1BackwardWeights, fc1_bw_pd,
+                                     {{DNNL_ARG_SRC, flat}, {DNNL_ARG_DIFF_DST, d_hidden},
+                                      {DNNL_ARG_DIFF_WEIGHTS, view(4, grads)}, {DNNL_ARG_DIFF_BIAS, view(5, grads)}});
+  plan.fc1_backward_data = b.step(kFc1BackwardData, fc1_bd_pd,
+                                  {{DNNL_ARG_DIFF_DST, d_hidden}, {DNNL_ARG_WEIGHTS, view(4, params)},
+                                   {DNNL_ARG_DIFF_SRC, d_flat}});
+}
 
-  // Our own kernels: everything oneDNN does not run.
+std::unique_ptr<Plan> build_plan(const dnnl::engine& engine, std::uint32_t batch, Isa isa, const Buffers& buf,
+                                 float* params, float* grads) {
+  auto plan = std::make_unique<Plan>();
+  plan->batch = batch;
+  PlanBuilder b(engine, *plan);
   const std::string own = std::string("own:") + isa_name(isa);
   for (Op op : {kInputOp, kConv1Forward, kPoolForward, kDropout1Forward, kDropout2Forward, kLossOp, kDropout2Backward,
                 kDropout1Backward, kPoolBackward, kConv1BackwardWeights, kSgdOp})
     plan->impl[op] = own;
-  const memory w2 = b.bridge(kConv2Forward, view(2, params), conv2_pd.weights_desc(), true,
-                             plan->weights_to_forward);
-  plan->conv2 = b.step(kConv2Forward, conv2_pd, {{DNNL_ARG_SRC, a1}, {DNNL_ARG_WEIGHTS, w2},
-                                                   {DNNL_ARG_BIAS, view(3, params)}, {DNNL_ARG_DST, a2}});
-  plan->fc1 = b.step(kFc1Forward, fc1_pd, {{DNNL_ARG_SRC, flat}, {DNNL_ARG_WEIGHTS, view(4, params)},
-                                             {DNNL_ARG_BIAS, view(5, params)}, {DNNL_ARG_DST, hidden}});
-  plan->fc2 = b.step(kFc2Forward, fc2_pd, {{DNNL_ARG_SRC, hidden}, {DNNL_ARG_WEIGHTS, view(6, params)},
-                                             {DNNL_ARG_BIAS, view(7, params)}, {DNNL_ARG_DST, logits}});
-
-  plan->fc2_backward_weights = b.step(kFc2BackwardWeights, fc2_bw_pd,
-                                      {{DNNL_ARG_SRC, hidden}, {DNNL_ARG_DIFF_DST, dlogits},
-                                       {DNNL_ARG_DIFF_WEIGHTS, view(6, grads)}, {DNNL_ARG_DIFF_BIAS, view(7, grads)}});
-  plan->fc2_backward_data = b.step(kFc2BackwardData, fc2_bd_pd,
-                                   {{DNNL_ARG_DIFF_DST, dlogits}, {DNNL_ARG_WEIGHTS, view(6, params)},
-                                    {DNNL_ARG_DIFF_SRC, d_hidden}});
-  plan->fc1_backward_weights = b.step(kFc1BackwardWeights, fc1_bw_pd,
-                                      {{DNNL_ARG_SRC, flat}, {DNNL_ARG_DIFF_DST, d_hidden},
-                                       {DNNL_ARG_DIFF_WEIGHTS, view(4, grads)}, {DNNL_ARG_DIFF_BIAS, view(5, grads)}});
-  plan->fc1_backward_data = b.step(kFc1BackwardData, fc1_bd_pd,
-                                   {{DNNL_ARG_DIFF_DST, d_hidden}, {DNNL_ARG_WEIGHTS, view(4, params)},
-                                    {DNNL_ARG_DIFF_SRC, d_flat}});
-  const memory dw2 = b.bridge(kConv2BackwardWeights, view(2, grads), conv2_bw_pd.diff_weights_desc(), false,
-                              plan->conv2_grads_out);
-  plan->conv2_backward_weights = b.step(kConv2BackwardWeights, conv2_bw_pd,
-                                        {{DNNL_ARG_SRC, a1}, {DNNL_ARG_DIFF_DST, d_a2}, {DNNL_ARG_DIFF_WEIGHTS, dw2},
-                                         {DNNL_ARG_DIFF_BIAS, view(3, grads)}});
-  const memory w2_bd = b.bridge(kConv2BackwardData, view(2, params), conv2_bd_pd.weights_desc(), true,
-                                plan->weights_to_backward);
-  plan->conv2_backward_data = b.step(kConv2BackwardData, conv2_bd_pd,
-                                     {{DNNL_ARG_DIFF_DST, d_a2}, {DNNL_ARG_WEIGHTS, w2_bd}, {DNNL_ARG_DIFF_SRC, d_a1}});
+  add_conv2_forward(b, *plan, buf, isa, params);
+  plan->conv2_backward = std::make_unique<Conv2WinogradBackward>(engine, batch, isa);
+  plan->impl[kConv2Backward] = plan->conv2_backward->impl();
+  add_fc(b, *plan, buf, params, grads);
   return plan;
 }
 
@@ -368,17 +355,15 @@ class CpuReplicaImpl final : public CpuReplica {
       timed(kPoolBackward, [&] {
         pool_.backward(buffers_.d_flat.get(), buffers_.argmax.get(), plan->batch, buffers_.d_act2.get());
       });
-      timed(kConv2BackwardWeights, [&] {
-        run(plan->conv2_backward_weights, stream_);
-        run(plan->conv2_grads_out, stream_);
+      timed(kConv2Backward, [&] {
+        float* g = grads_.get();
+        plan->conv2_backward->backward(stream_, buffers_.act1.get(), params_.get() + kParams[2].offset,
+                                       buffers_.d_act2.get(), g + kParams[2].offset, g + kParams[3].offset,
+                                       buffers_.d_act1.get());
       });
     });
     grads_ready(kConv2);
     compute.enqueue([this, plan] {
-      timed(kConv2BackwardData, [&] {
-        run(plan->weights_to_backward, stream_);
-        run(plan->conv2_backward_data, stream_);
-      });
       timed(kConv1BackwardWeights, [&] {
         float* g = grads_.get();
         conv1_.backward_weights(buffers_.input.get(), buffers_.act1.get(), buffers_.d_act1.get(), plan->batch,

@@ -5,6 +5,9 @@
 // lowers to SSE2); isa.hpp picks one of them once per process.
 #include <cstddef>
 
+// Vectors wider than the baseline ISA are only ever passed inside always-inlined code.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace mnist_mt::cpu {
 
 template <std::size_t B>

@@ -1,0 +1,108 @@
+#include "conv2_winograd.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <tuple>
+
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/model.hpp"
+
+namespace mnist_mt::cpu {
+namespace {
+
+using dnnl::memory;
+using Dims = memory::dims;
+constexpr auto kF32 = memory::data_type::f32;
+constexpr memory::dim kXi = kWinoPositions, kIc = kConv1Channels, kOc = kConv2Channels;
+constexpr std::uint32_t kMaxChunk = 2;  // images: 72 tiles; larger chunks measured slower (cache)
+constexpr std::size_t kInImage = kConv1Channels * kConv1Side * kConv1Side;
+constexpr std::size_t kOutImage = kConv2Channels * kConv2Side * kConv2Side;
+
+std::uint32_t chunk_for(std::uint32_t batch) {
+  for (std::uint32_t c = std::min(batch, kMaxChunk); c > 1; --c)
+    if (batch % c == 0) return c;
+  return 1;
+}
+
+dnnl::matmul::primitive_desc make_matmul(const dnnl::engine& engine, const memory::desc& src,
+                                         const memory::desc& weights, const memory::desc& dst, bool accumulate) {
+  dnnl::primitive_attr attr;
+  if (accumulate) {
+    dnnl::post_ops sum;
+    sum.append_sum(1.0f);
+    attr.set_post_ops(sum);
+  }
+  return {dnnl::matmul::desc(src, weights, dst), attr, engine};
+}
+
+}  // namespace
+
+void Conv2WinogradBackward::Free::operator()(float* p) const { ::operator delete[](p, std::align_val_t{64}); }
+
+Conv2WinogradBackward::Floats Conv2WinogradBackward::floats(std::size_t count) {
+  auto* p = static_cast<float*>(::operator new[](count * sizeof(float), std::align_val_t{64}));
+  std::memset(p, 0, count * sizeof(float));
+  return Floats(p);
+}
+
+Conv2WinogradBackward::Conv2WinogradBackward(const dnnl::engine& engine, std::uint32_t batch, Isa isa)
+    : kernels_(winograd_kernels(isa)), batch_(batch), chunk_(chunk_for(batch)), engine_(engine) {
+  const memory::dim t = memory::dim{kWinoTiles} * chunk_;
+  const memory::dim pv = wino_plane(t, kIc), pz = wino_plane(t, kOc);
+  u_ = floats(kXi * kIc * kOc);
+  du_ = floats(kXi * kIc * kOc);
+  v_ = floats(kXi * pv);
+  z_ = floats(kXi * pz);
+  dv_ = floats(kXi * pv);
+  // Per position xi, rows are tiles: dV = Z U^T and dU += V^T Z, with U stored
+  // [xi][ic][oc]; U^T and V^T are strided views.
+  const memory::desc v({kXi, t, kIc}, kF32, Dims{pv, kIc, 1});
+  const memory::desc vt({kXi, kIc, t}, kF32, Dims{pv, 1, kIc});
+  const memory::desc u({kXi, kIc, kOc}, kF32, Dims{kIc * kOc, kOc, 1});
+  const memory::desc ut({kXi, kOc, kIc}, kF32, Dims{kIc * kOc, 1, kOc});
+  const memory::desc z({kXi, t, kOc}, kF32, Dims{pz, kOc, 1});
+  const auto data = make_matmul(engine, z, ut, v, false);
+  const auto weights = make_matmul(engine, vt, z, u, true);
+  backward_data_ = product(data, z_.get(), u_.get(), dv_.get());
+  backward_weights_ = product(weights, v_.get(), z_.get(), du_.get());
+  impl_ = std::string("own:") + isa_name(isa) + " winograd 4x3 + matmul " + data.impl_info_str() + ", " +
+          weights.impl_info_str();
+}
+
+Conv2WinogradBackward::Product Conv2WinogradBackward::product(const dnnl::primitive_desc& pd, float* src,
+                                                              float* weights, float* dst) {
+  Product p{dnnl::primitive(pd.get()), {}, {}};
+  for (const auto& [arg, desc, data] : {std::tuple{DNNL_ARG_SRC, pd.src_desc(), src},
+                                        std::tuple{DNNL_ARG_WEIGHTS, pd.weights_desc(), weights},
+                                        std::tuple{DNNL_ARG_DST, pd.dst_desc(), dst}}) {
+    const memory& m = p.memories.emplace_back(desc, engine_, data);
+    p.args.push_back({arg, m.get()});
+  }
+  return p;
+}
+
+void Conv2WinogradBackward::run(const dnnl::stream& stream, const Product& p) {
+  const dnnl_status_t status =
+      dnnl_primitive_execute(p.primitive.get(), stream.get(), static_cast<int>(p.args.size()), p.args.data());
+  if (status != dnnl_success)
+    throw RuntimeFailure("oneDNN matmul of conv2's backward failed with status " + std::to_string(status));
+}
+
+void Conv2WinogradBackward::backward(const dnnl::stream& stream, const float* a1, const float* w, const float* d_a2,
+                                     float* dw, float* db, float* d_a1) {
+  kernels_.weights(w, u_.get());
+  std::memset(du_.get(), 0, kXi * kIc * kOc * sizeof(float));
+  double bias[kConv2Channels] = {};
+  for (std::uint32_t n = 0; n < batch_; n += chunk_) {
+    kernels_.output_grad(d_a2 + n * kOutImage, chunk_, z_.get(), bias);
+    kernels_.input(a1 + n * kInImage, chunk_, v_.get());
+    run(stream, backward_weights_);
+    run(stream, backward_data_);
+    kernels_.input_grad(dv_.get(), chunk_, d_a1 + n * kInImage);
+  }
+  kernels_.weights_grad(du_.get(), dw);
+  for (std::size_t c = 0; c < kConv2Channels; ++c) db[c] = static_cast<float>(bias[c]);
+}
+
+}  // namespace mnist_mt::cpu

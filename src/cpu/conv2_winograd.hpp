@@ -1,0 +1,61 @@
+#pragma once
+// conv2's backward pass (32 -> 64 channels, 3x3, on 26x26) by Winograd F(4x4, 3x3): the
+// transforms of winograd.hpp and, between them, batched matrix products over the 36
+// positions of a tile (oneDNN matmul). A quarter of direct convolution's
+// multiplications (oneDNN has Winograd kernels for AVX-512 only, and ours measured
+// faster there too). One pass computes the
+// weight, bias and input gradients, chunk by chunk of a few images so that the
+// transformed tiles stay in cache. The forward pass stays direct (oneDNN): Winograd's
+// larger rounding error there would move max-pooling ties, and with them gradients.
+// All memory is taken at construction.
+#include <cstdint>
+#include <dnnl.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "isa.hpp"
+#include "winograd.hpp"
+
+namespace mnist_mt::cpu {
+
+class Conv2WinogradBackward {
+ public:
+  // For batches of exactly `batch` images; primitives made on the calling thread.
+  Conv2WinogradBackward(const dnnl::engine& engine, std::uint32_t batch, Isa isa);
+  Conv2WinogradBackward(const Conv2WinogradBackward&) = delete;
+  Conv2WinogradBackward& operator=(const Conv2WinogradBackward&) = delete;
+
+  // "own:<isa> winograd 4x3 + matmul <oneDNN's implementations>"
+  const std::string& impl() const { return impl_; }
+
+  // From d_a2, the gradient of conv2's output (batch x 64/B x 24 x 24 x B), the forward's
+  // input a1 (batch x 32/B x 26 x 26 x B) and weights w (state dict): the weight and bias
+  // gradients dw, db (state-dict layouts) and the input gradient d_a1 (all written).
+  void backward(const dnnl::stream& stream, const float* a1, const float* w, const float* d_a2, float* dw, float* db,
+                float* d_a1);
+
+ private:
+  struct Free {
+    void operator()(float* p) const;
+  };
+  using Floats = std::unique_ptr<float[], Free>;
+  static Floats floats(std::size_t count);
+  // A matrix product bound to its buffers, run through the C API so it allocates nothing.
+  struct Product {
+    dnnl::primitive primitive;
+    std::vector<dnnl::memory> memories;
+    std::vector<dnnl_exec_arg_t> args;
+  };
+  Product product(const dnnl::primitive_desc& pd, float* src, float* weights, float* dst);
+  static void run(const dnnl::stream& stream, const Product& p);
+
+  WinogradKernels kernels_;
+  std::uint32_t batch_, chunk_;  // images per chunk: the largest divisor of batch_ up to a cap
+  Floats u_, du_, v_, z_, dv_;   // transformed weights and their gradient; one chunk's tiles
+  dnnl::engine engine_;
+  Product backward_data_, backward_weights_;  // dV = Z U^T; dU += V^T Z
+  std::string impl_;
+};
+
+}  // namespace mnist_mt::cpu

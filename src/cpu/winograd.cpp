@@ -1,0 +1,200 @@
+#include "winograd.hpp"
+
+#include "mnist_mt/model.hpp"
+#include "simd.hpp"
+
+namespace mnist_mt::cpu {
+namespace {
+
+constexpr std::size_t kIc = kConv1Channels, kOc = kConv2Channels, kIn = kConv1Side, kOut = kConv2Side;
+constexpr std::size_t kTileRow = 6;  // tiles per row of the map
+
+// The one-dimensional transforms; the two-dimensional ones apply them to the columns,
+// then to the rows, of a tile.
+template <class T>
+[[gnu::always_inline]] inline void bt(const T (&d)[6], T (&r)[6]) {  // B^T d
+  r[0] = 4 * d[0] - 5 * d[2] + d[4];
+  r[1] = -4 * (d[1] + d[2]) + d[3] + d[4];
+  r[2] = 4 * (d[1] - d[2]) - d[3] + d[4];
+  r[3] = 2 * (d[3] - d[1]) - d[2] + d[4];
+  r[4] = 2 * (d[1] - d[3]) - d[2] + d[4];
+  r[5] = 4 * d[1] - 5 * d[3] + d[5];
+}
+template <class T>
+[[gnu::always_inline]] inline void b(const T (&x)[6], T (&r)[6]) {  // B x
+  r[0] = 4 * x[0];
+  r[1] = 4 * (x[2] - x[1] + x[5]) + 2 * (x[4] - x[3]);
+  r[2] = -5 * x[0] - 4 * (x[1] + x[2]) - x[3] - x[4];
+  r[3] = x[1] - x[2] + 2 * (x[3] - x[4]) - 5 * x[5];
+  r[4] = x[0] + x[1] + x[2] + x[3] + x[4];
+  r[5] = x[5];
+}
+template <class T>
+[[gnu::always_inline]] inline void a(const T (&y)[4], T (&z)[6]) {  // A y
+  const T e = y[0] + y[2], o = y[1] + y[3], e4 = y[0] + 4 * y[2], o2 = 2 * y[1] + 8 * y[3];
+  z[0] = y[0];
+  z[1] = e + o;
+  z[2] = e - o;
+  z[3] = e4 + o2;
+  z[4] = e4 - o2;
+  z[5] = y[3];
+}
+template <class T>
+[[gnu::always_inline]] inline void g(const T (&w)[3], T (&u)[6]) {  // G w
+  u[0] = w[0] / 4;
+  u[1] = -(w[0] + w[1] + w[2]) / 6;
+  u[2] = -(w[0] - w[1] + w[2]) / 6;
+  u[3] = w[0] / 24 + w[1] / 12 + w[2] / 6;
+  u[4] = w[0] / 24 - w[1] / 12 + w[2] / 6;
+  u[5] = w[2];
+}
+template <class T>
+[[gnu::always_inline]] inline void gt(const T (&x)[6], T (&h)[3]) {  // G^T x
+  h[0] = x[0] / 4 - (x[1] + x[2]) / 6 + (x[3] + x[4]) / 24;
+  h[1] = (x[2] - x[1]) / 6 + (x[3] - x[4]) / 12;
+  h[2] = (x[3] + x[4] - x[1] - x[2]) / 6 + x[5];
+}
+
+// The transforms as function objects, inlined into each instruction set's entry point
+// (a lambda would not take on the entry point's target attribute).
+#define MNIST_MT_TRANSFORM(Name, fn, N, M)                                                  \
+  struct Name {                                                                             \
+    template <class T>                                                                      \
+    [[gnu::always_inline]] void operator()(const T (&x)[N], T (&y)[M]) const { fn(x, y); } \
+  };
+MNIST_MT_TRANSFORM(ByBt, bt, 6, 6)
+MNIST_MT_TRANSFORM(ByB, b, 6, 6)
+MNIST_MT_TRANSFORM(ByA, a, 4, 6)
+MNIST_MT_TRANSFORM(ByG, g, 3, 6)
+MNIST_MT_TRANSFORM(ByGt, gt, 6, 3)
+#undef MNIST_MT_TRANSFORM
+
+// out = F_rows(F_cols(in)): in is R x C, out R' x C'.
+template <class F, std::size_t R, std::size_t C, std::size_t R2, std::size_t C2, class T>
+[[gnu::always_inline]] inline void separable(const T (&in)[R][C], T (&out)[R2][C2]) {
+  const F f;
+  T mid[R2][C];
+  for (std::size_t j = 0; j < C; ++j) {
+    T col[R], res[R2];
+    for (std::size_t i = 0; i < R; ++i) col[i] = in[i][j];
+    f(col, res);
+    for (std::size_t i = 0; i < R2; ++i) mid[i][j] = res[i];
+  }
+  for (std::size_t i = 0; i < R2; ++i) f(mid[i], out[i]);
+}
+
+// Offset of (image, channel block, y, x) in an nChw{B}c map of `channels` x side x side.
+template <std::size_t B>
+constexpr std::size_t at_blocked(std::size_t channels, std::size_t side, std::size_t n, std::size_t cb, std::size_t y,
+                                 std::size_t x) {
+  return (((n * (channels / B) + cb) * side + y) * side + x) * B;
+}
+
+void weights(const float* w, float* u) {
+  for (std::size_t oc = 0; oc < kOc; ++oc)
+    for (std::size_t ic = 0; ic < kIc; ++ic) {
+      float f[3][3], t[6][6];
+      for (std::size_t i = 0; i < 9; ++i) f[i / 3][i % 3] = w[(oc * kIc + ic) * 9 + i];
+      separable<ByG>(f, t);
+      for (std::size_t xi = 0; xi < kWinoPositions; ++xi) u[(xi * kIc + ic) * kOc + oc] = t[xi / 6][xi % 6];
+    }
+}
+
+void weights_grad(const float* du, float* dw) {
+  for (std::size_t oc = 0; oc < kOc; ++oc)
+    for (std::size_t ic = 0; ic < kIc; ++ic) {
+      float t[6][6], f[3][3];
+      for (std::size_t xi = 0; xi < kWinoPositions; ++xi) t[xi / 6][xi % 6] = du[(xi * kIc + ic) * kOc + oc];
+      separable<ByGt>(t, f);
+      for (std::size_t i = 0; i < 9; ++i) dw[(oc * kIc + ic) * 9 + i] = f[i / 3][i % 3];
+    }
+}
+
+template <std::size_t B>
+[[gnu::always_inline]] inline void input(const float* a1, std::uint32_t images, float* v) {
+  const std::size_t tiles = kWinoTiles * images;
+  for (std::size_t n = 0; n < images; ++n)
+    for (std::size_t t = 0; t < kWinoTiles; ++t)
+      for (std::size_t cb = 0; cb < kIc / B; ++cb) {
+        const std::size_t y0 = 4 * (t / kTileRow), x0 = 4 * (t % kTileRow);
+        Vec<B> d[6][6], r[6][6];
+        for (std::size_t i = 0; i < 6; ++i)
+          for (std::size_t j = 0; j < 6; ++j) d[i][j] = load<B>(a1 + at_blocked<B>(kIc, kIn, n, cb, y0 + i, x0 + j));
+        separable<ByBt>(d, r);
+        float* out = v + (n * kWinoTiles + t) * kIc + cb * B;
+        for (std::size_t xi = 0; xi < kWinoPositions; ++xi) store<B>(out + xi * wino_plane(tiles, kIc), r[xi / 6][xi % 6]);
+      }
+}
+
+template <std::size_t B>
+[[gnu::always_inline]] inline void output_grad(const float* d_a2, std::uint32_t images, float* z, double* db) {
+  const std::size_t tiles = kWinoTiles * images;
+  for (std::size_t cb = 0; cb < kOc / B; ++cb) {
+    Vec<B> sum{};
+    for (std::size_t n = 0; n < images; ++n)
+      for (std::size_t t = 0; t < kWinoTiles; ++t) {
+        const std::size_t y0 = 4 * (t / kTileRow), x0 = 4 * (t % kTileRow);
+        Vec<B> dy[4][4], r[6][6];
+        for (std::size_t i = 0; i < 4; ++i)
+          for (std::size_t j = 0; j < 4; ++j) {
+            dy[i][j] = load<B>(d_a2 + at_blocked<B>(kOc, kOut, n, cb, y0 + i, x0 + j));
+            sum += dy[i][j];
+          }
+        separable<ByA>(dy, r);
+        float* out = z + (n * kWinoTiles + t) * kOc + cb * B;
+        for (std::size_t xi = 0; xi < kWinoPositions; ++xi) store<B>(out + xi * wino_plane(tiles, kOc), r[xi / 6][xi % 6]);
+      }
+    for (std::size_t c = 0; c < B; ++c) db[cb * B + c] += sum[c];
+  }
+}
+
+template <std::size_t B>
+[[gnu::always_inline]] inline void input_grad(const float* dv, std::uint32_t images, float* d_a1) {
+  const std::size_t tiles = kWinoTiles * images;
+  for (std::size_t n = 0; n < images; ++n)
+    for (std::size_t cb = 0; cb < kIc / B; ++cb) {
+      // Tiles overlap by two rows and columns: the first tile to reach a row or column
+      // writes it, later ones add.
+      for (std::size_t t = 0; t < kWinoTiles; ++t) {
+        const std::size_t ty = t / kTileRow, tx = t % kTileRow;
+        const float* in = dv + (n * kWinoTiles + t) * kIc + cb * B;
+        Vec<B> q[6][6], r[6][6];
+        for (std::size_t xi = 0; xi < kWinoPositions; ++xi) q[xi / 6][xi % 6] = load<B>(in + xi * wino_plane(tiles, kIc));
+        separable<ByB>(q, r);
+        for (std::size_t i = 0; i < 6; ++i)
+          for (std::size_t j = 0; j < 6; ++j) {
+            float* p = d_a1 + at_blocked<B>(kIc, kIn, n, cb, 4 * ty + i, 4 * tx + j);
+            const bool first = (i >= 2 || ty == 0) && (j >= 2 || tx == 0);
+            store<B>(p, first ? r[i][j] : load<B>(p) + r[i][j]);
+          }
+      }
+    }
+}
+
+MNIST_MT_AVX512 void input_avx512(const float* a1, std::uint32_t n, float* v) { input<16>(a1, n, v); }
+MNIST_MT_AVX2 void input_avx2(const float* a1, std::uint32_t n, float* v) { input<8>(a1, n, v); }
+void input_portable(const float* a1, std::uint32_t n, float* v) { input<8>(a1, n, v); }
+MNIST_MT_AVX512 void output_grad_avx512(const float* d, std::uint32_t n, float* z, double* db) {
+  output_grad<16>(d, n, z, db);
+}
+MNIST_MT_AVX2 void output_grad_avx2(const float* d, std::uint32_t n, float* z, double* db) {
+  output_grad<8>(d, n, z, db);
+}
+void output_grad_portable(const float* d, std::uint32_t n, float* z, double* db) { output_grad<8>(d, n, z, db); }
+MNIST_MT_AVX512 void input_grad_avx512(const float* dv, std::uint32_t n, float* d) { input_grad<16>(dv, n, d); }
+MNIST_MT_AVX2 void input_grad_avx2(const float* dv, std::uint32_t n, float* d) { input_grad<8>(dv, n, d); }
+void input_grad_portable(const float* dv, std::uint32_t n, float* d) { input_grad<8>(dv, n, d); }
+
+}  // namespace
+
+WinogradKernels winograd_kernels(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return {weights, input_avx512, output_grad_avx512, input_grad_avx512, weights_grad};
+    case Isa::kAvx2: return {weights, input_avx2, output_grad_avx2, input_grad_avx2, weights_grad};
+    case Isa::kPortable: break;
+  }
+  return {weights, input_portable, output_grad_portable, input_grad_portable, weights_grad};
+}
+
+}  // namespace mnist_mt::cpu
