@@ -1,0 +1,357 @@
+// The own CPU kernels (src/cpu/conv1.cpp, src/cpu/pool.cpp) against scalar float64
+// references written here from the definitions, for every instruction set this CPU runs:
+// the process only ever uses one of them (isa.hpp), so the others are checked nowhere else.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "conv1.hpp"
+#include "isa.hpp"
+#include "mnist_mt/dataset.hpp"
+#include "mnist_mt/model.hpp"
+#include "pool.hpp"
+
+namespace mnist_mt::cpu {
+
+// For gtest's messages about a parameter (found by ADL, so outside the anonymous namespace).
+void PrintTo(Isa isa, std::ostream* os) { *os << isa_name(isa); }
+
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr std::size_t kIn1 = kImageSide, kOut1 = kConv1Side, kIn2 = kConv2Side, kOut2 = kPoolSide;
+constexpr std::uint8_t kUnwritten = 0xa5;  // an argmax value the kernels never write
+const std::uint32_t kBatches[] = {1, 3, 64};
+
+bool cpu_runs(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kPortable: break;
+  }
+  return true;
+}
+
+// Element (n, c, y, x) of a batch x C x side x side map in the nChw{B}c layout.
+std::size_t blocked(std::size_t n, std::size_t c, std::size_t y, std::size_t x, std::size_t channels,
+                    std::size_t side, std::size_t block) {
+  return ((n * (channels / block) + c / block) * side * side + y * side + x) * block + c % block;
+}
+
+std::vector<float> uniform(std::size_t count, float lo, float hi, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(count);
+  for (float& e : v) e = dist(rng);
+  return v;
+}
+
+class KernelTest : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!cpu_runs(GetParam())) GTEST_SKIP() << "this CPU lacks " << isa_name(GetParam());
+  }
+  Isa isa() const { return GetParam(); }
+  std::size_t block() const { return channel_block(GetParam()); }
+};
+
+// ---- conv1 ----
+
+// conv1's pre-activation b + sum w*x in float64, at (n, c, y, x).
+double conv1_pre(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& b,
+                 std::size_t n, std::size_t c, std::size_t y, std::size_t xo) {
+  double acc = b[c];
+  for (std::size_t ky = 0; ky < 3; ++ky)
+    for (std::size_t kx = 0; kx < 3; ++kx)
+      acc += double{w[c * 9 + ky * 3 + kx]} * x[(n * kIn1 + y + ky) * kIn1 + xo + kx];
+  return acc;
+}
+
+struct Conv1Case {
+  std::vector<float> x, w, b;
+};
+
+// Inputs in the range of normalised MNIST pixels, PyTorch's initial weight range; two
+// channels with a bias so negative that all their outputs are cut by the ReLU.
+Conv1Case conv1_case(std::uint32_t batch, std::uint32_t seed) {
+  constexpr float kBound = 1 / 3.0f;  // 1/sqrt(fan_in)
+  Conv1Case c{uniform(batch * kIn1 * kIn1, -0.5f, 2.8f, seed), uniform(kConv1Channels * 9, -kBound, kBound, seed + 1),
+              uniform(kConv1Channels, -kBound, kBound, seed + 2)};
+  c.b[5] = -50;
+  c.b[kConv1Channels - 1] = -50;
+  return c;
+}
+
+TEST_P(KernelTest, Conv1ForwardIsReluOfConvolution) {
+  for (std::uint32_t batch : kBatches) {
+    const Conv1Case in = conv1_case(batch, 10 + batch);
+    std::vector<float> out(batch * kConv1Channels * kOut1 * kOut1, kNaN);
+    conv1_kernels(isa()).forward(in.x.data(), in.w.data(), in.b.data(), batch, out.data());
+
+    std::size_t bad = 0, positive = 0, cut = 0;
+    for (std::size_t n = 0; n < batch; ++n)
+      for (std::size_t c = 0; c < kConv1Channels; ++c)
+        for (std::size_t y = 0; y < kOut1; ++y)
+          for (std::size_t xo = 0; xo < kOut1; ++xo) {
+            const double pre = conv1_pre(in.x, in.w, in.b, n, c, y, xo), want = std::max(pre, 0.0);
+            const float got = out[blocked(n, c, y, xo, kConv1Channels, kOut1, block())];
+            // Clearly negative pre-activations give exactly 0, not a small value.
+            const bool ok = pre < -1e-5 ? got == 0
+                                        : std::abs(got - want) <= 1e-5 * std::abs(want) + 1e-6;
+            positive += pre > 1e-5;
+            cut += pre < -1e-5;
+            if (!ok && ++bad <= 5)
+              ADD_FAILURE() << "batch " << batch << " (n, c, y, x) = (" << n << ", " << c << ", " << y << ", " << xo
+                            << "): got " << got << ", want " << want << " (pre-activation " << pre << ")";
+          }
+    EXPECT_EQ(bad, 0u) << "batch " << batch;
+    // Both sides of the ReLU were exercised.
+    EXPECT_GT(positive, out.size() / 4) << "batch " << batch;
+    EXPECT_GT(cut, out.size() / 8) << "batch " << batch;
+  }
+}
+
+// Ours against `want` within 1e-5 relative per element plus 1e-5 of the largest |want|:
+// the kernel sums each image's 676 positions in fp32.
+void expect_close(const std::vector<float>& ours, const std::vector<double>& want, const std::string& what) {
+  double scale = 0;
+  for (double v : want) scale = std::max(scale, std::abs(v));
+  ASSERT_GT(scale, 0) << what;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < ours.size(); ++i)
+    if (!(std::abs(ours[i] - want[i]) <= 1e-5 * (std::abs(want[i]) + scale)) && ++bad <= 5)
+      ADD_FAILURE() << what << "[" << i << "]: got " << ours[i] << ", want " << want[i];
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+TEST_P(KernelTest, Conv1BackwardWeightsSumsGradientWhereOutputIsPositive) {
+  for (std::uint32_t batch : kBatches) {
+    const Conv1Case in = conv1_case(batch, 20 + batch);
+    const std::size_t count = batch * kConv1Channels * kOut1 * kOut1;
+    // out: the forward's output (the float64 reference rounded), in the blocked layout.
+    std::vector<float> out(count);
+    for (std::size_t n = 0; n < batch; ++n)
+      for (std::size_t c = 0; c < kConv1Channels; ++c)
+        for (std::size_t y = 0; y < kOut1; ++y)
+          for (std::size_t xo = 0; xo < kOut1; ++xo)
+            out[blocked(n, c, y, xo, kConv1Channels, kOut1, block())] =
+                static_cast<float>(std::max(conv1_pre(in.x, in.w, in.b, n, c, y, xo), 0.0));
+    const std::vector<float> d_out = uniform(count, -1, 1, 30 + batch);
+
+    std::vector<double> want_dw(kConv1Channels * 9), want_db(kConv1Channels);
+    for (std::size_t n = 0; n < batch; ++n)
+      for (std::size_t c = 0; c < kConv1Channels; ++c)
+        for (std::size_t y = 0; y < kOut1; ++y)
+          for (std::size_t xo = 0; xo < kOut1; ++xo) {
+            const std::size_t at = blocked(n, c, y, xo, kConv1Channels, kOut1, block());
+            const double d = out[at] > 0 ? d_out[at] : 0.0;
+            for (std::size_t ky = 0; ky < 3; ++ky)
+              for (std::size_t kx = 0; kx < 3; ++kx)
+                want_dw[c * 9 + ky * 3 + kx] += d * in.x[(n * kIn1 + y + ky) * kIn1 + xo + kx];
+            want_db[c] += d;
+          }
+
+    std::vector<float> dw(want_dw.size(), kNaN), db(want_db.size(), kNaN);
+    conv1_kernels(isa()).backward_weights(in.x.data(), out.data(), d_out.data(), batch, dw.data(), db.data());
+    expect_close(dw, want_dw, "batch " + std::to_string(batch) + " dw");
+    expect_close(db, want_db, "batch " + std::to_string(batch) + " db");
+    // The channels the ReLU cuts entirely get no gradient at all.
+    EXPECT_EQ(db[5], 0.0f);
+    for (std::size_t k = 0; k < 9; ++k) EXPECT_EQ(dw[5 * 9 + k], 0.0f) << "tap " << k;
+  }
+}
+
+// ---- ReLU + 2x2 max pooling ----
+
+// A window's values in row-major order (0,0), (0,1), (1,0), (1,1).
+using Window = std::array<float, 4>;
+
+struct Pooled {
+  float value;
+  std::uint8_t argmax;
+};
+
+// The first maximum in row-major order gets the gradient, unless the ReLU cuts it.
+Pooled pool_reference(const Window& v) {
+  std::size_t first = 0;
+  for (std::size_t k = 1; k < 4; ++k)
+    if (v[k] > v[first]) first = k;
+  if (!(v[first] > 0)) return {0.0f, kPoolNoGradient};
+  return {v[first], static_cast<std::uint8_t>(first)};
+}
+
+struct SpecialWindow {
+  Window v;
+  Pooled want;
+};
+
+const SpecialWindow kSpecial[] = {
+    // Ties: the first maximum wins.
+    {{0.5f, 0.5f, 0.2f, 0.5f}, {0.5f, 0}},
+    {{0.1f, 0.7f, 0.7f, 0.7f}, {0.7f, 1}},
+    {{0.1f, 0.2f, 0.9f, 0.9f}, {0.9f, 2}},
+    {{0.3f, 0.3f, 0.3f, 0.3f}, {0.3f, 0}},
+    {{-1.0f, 0.2f, -3.0f, 0.4f}, {0.4f, 3}},
+    // All four <= 0, the maximum exactly 0 among them: 0, and no gradient.
+    {{-1.0f, -2.0f, -0.5f, -3.0f}, {0.0f, kPoolNoGradient}},
+    {{-0.5f, -0.5f, -0.5f, -0.5f}, {0.0f, kPoolNoGradient}},
+    {{0.0f, -1.0f, 0.0f, -2.0f}, {0.0f, kPoolNoGradient}},
+    {{-1.0f, -2.0f, -3.0f, 0.0f}, {0.0f, kPoolNoGradient}},
+    {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, kPoolNoGradient}},
+    {{-0.0f, 0.0f, -0.0f, -1.0f}, {0.0f, kPoolNoGradient}},
+    // Tiny but positive, a subnormal too: the ReLU passes it.
+    {{-1.0f, 1e-30f, -2.0f, 0.0f}, {1e-30f, 1}},
+    {{-1.0f, -2.0f, 1e-40f, 0.0f}, {1e-40f, 2}},
+};
+
+struct PoolCase {
+  std::vector<float> in;     // batch x 64/B x 24 x 24 x B
+  std::vector<Pooled> want;  // batch x 64 x 12 x 12
+};
+
+// Random values of both signs, with kSpecial's windows written over some of them (at
+// different channels, lanes and positions, in the first and the last image).
+PoolCase pool_case(std::uint32_t batch, std::size_t block, std::uint32_t seed) {
+  PoolCase p{uniform(batch * kConv2Channels * kIn2 * kIn2, -1, 1, seed), {}};
+  const auto at = [&](std::size_t n, std::size_t c, std::size_t y, std::size_t x) {
+    return blocked(n, c, y, x, kConv2Channels, kIn2, block);
+  };
+  for (std::size_t i = 0; i < std::size(kSpecial); ++i) {
+    const std::size_t n = i % 2 == 0 ? 0 : batch - 1, c = (i * 7) % kConv2Channels, py = i % kOut2,
+                      px = (i * 5) % kOut2;
+    for (std::size_t k = 0; k < 4; ++k) p.in[at(n, c, 2 * py + k / 2, 2 * px + k % 2)] = kSpecial[i].v[k];
+  }
+  p.want.resize(batch * kFlat);
+  for (std::size_t n = 0; n < batch; ++n)
+    for (std::size_t c = 0; c < kConv2Channels; ++c)
+      for (std::size_t py = 0; py < kOut2; ++py)
+        for (std::size_t px = 0; px < kOut2; ++px) {
+          Window v;
+          for (std::size_t k = 0; k < 4; ++k) v[k] = p.in[at(n, c, 2 * py + k / 2, 2 * px + k % 2)];
+          p.want[((n * kConv2Channels + c) * kOut2 + py) * kOut2 + px] = pool_reference(v);
+        }
+  return p;
+}
+
+TEST(PoolReference, SpecialWindows) {
+  for (const SpecialWindow& s : kSpecial) {
+    const Pooled got = pool_reference(s.v);
+    EXPECT_EQ(got.value, s.want.value);
+    EXPECT_EQ(got.argmax, s.want.argmax);
+  }
+}
+
+TEST_P(KernelTest, PoolForwardIsReluOfFirstWindowMaximum) {
+  for (std::uint32_t batch : kBatches) {
+    const PoolCase p = pool_case(batch, block(), 40 + batch);
+    std::vector<float> out(batch * kFlat, kNaN);
+    std::vector<std::uint8_t> argmax(batch * kFlat, kUnwritten);
+    pool_kernels(isa()).forward(p.in.data(), batch, out.data(), argmax.data());
+
+    std::size_t bad = 0, cut = 0;
+    for (std::size_t n = 0; n < batch; ++n)
+      for (std::size_t c = 0; c < kConv2Channels; ++c)
+        for (std::size_t py = 0; py < kOut2; ++py)
+          for (std::size_t px = 0; px < kOut2; ++px) {
+            const std::size_t flat = ((n * kConv2Channels + c) * kOut2 + py) * kOut2 + px;
+            const Pooled want = p.want[flat];
+            const float got = out[flat];
+            const std::uint8_t got_arg = argmax[blocked(n, c, py, px, kConv2Channels, kOut2, block())];
+            cut += want.argmax == kPoolNoGradient;
+            if ((got != want.value || got_arg != want.argmax) && ++bad <= 5)
+              ADD_FAILURE() << "batch " << batch << " (n, c, py, px) = (" << n << ", " << c << ", " << py << ", " << px
+                            << "): got " << got << " argmax " << int{got_arg} << ", want " << want.value
+                            << " argmax " << int{want.argmax};
+          }
+    EXPECT_EQ(bad, 0u) << "batch " << batch;
+    EXPECT_GE(cut, std::size(kSpecial) / 2) << "batch " << batch;  // windows the ReLU cuts occurred
+  }
+}
+
+TEST_P(KernelTest, PoolForwardOfAllNegativeInputIsZeroWithoutGradient) {
+  const std::uint32_t batch = 3;
+  const std::vector<float> in = uniform(batch * kConv2Channels * kIn2 * kIn2, -2, -1e-3f, 50);
+  std::vector<float> out(batch * kFlat, kNaN);
+  std::vector<std::uint8_t> argmax(batch * kFlat, kUnwritten);
+  pool_kernels(isa()).forward(in.data(), batch, out.data(), argmax.data());
+  EXPECT_EQ(std::count(out.begin(), out.end(), 0.0f), static_cast<std::ptrdiff_t>(out.size()));
+  EXPECT_EQ(std::count(argmax.begin(), argmax.end(), kPoolNoGradient), static_cast<std::ptrdiff_t>(argmax.size()));
+}
+
+// d_in at (n, c, y, x), for d_out (flatten order) routed by argmax (blocked).
+float pool_backward_reference(const std::vector<float>& d_out, const std::vector<std::uint8_t>& argmax,
+                              std::size_t block, std::size_t n, std::size_t c, std::size_t y, std::size_t x) {
+  const std::size_t py = y / 2, px = x / 2, k = (y % 2) * 2 + x % 2;
+  if (argmax[blocked(n, c, py, px, kConv2Channels, kOut2, block)] != k) return 0.0f;
+  return d_out[((n * kConv2Channels + c) * kOut2 + py) * kOut2 + px];
+}
+
+// Compares every element of d_in (prefilled with NaN by the caller) with the reference.
+void expect_pool_backward(const std::vector<float>& d_in, const std::vector<float>& d_out,
+                          const std::vector<std::uint8_t>& argmax, std::uint32_t batch, std::size_t block,
+                          const std::string& what) {
+  std::size_t bad = 0;
+  for (std::size_t n = 0; n < batch; ++n)
+    for (std::size_t c = 0; c < kConv2Channels; ++c)
+      for (std::size_t y = 0; y < kIn2; ++y)
+        for (std::size_t x = 0; x < kIn2; ++x) {
+          const float want = pool_backward_reference(d_out, argmax, block, n, c, y, x);
+          const float got = d_in[blocked(n, c, y, x, kConv2Channels, kIn2, block)];
+          if (!(got == want) && ++bad <= 5)
+            ADD_FAILURE() << what << " (n, c, y, x) = (" << n << ", " << c << ", " << y << ", " << x << "): got " << got
+                          << ", want " << want << " (argmax "
+                          << int{argmax[blocked(n, c, y / 2, x / 2, kConv2Channels, kOut2, block)]} << ")";
+        }
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+TEST_P(KernelTest, PoolBackwardRoutesGradientToArgmaxOnly) {
+  for (std::uint32_t batch : kBatches) {
+    const std::vector<float> d_out = uniform(batch * kFlat, -1, 1, 60 + batch);
+    // Every argmax value, kPoolNoGradient included, at random.
+    std::mt19937 rng(70 + batch);
+    std::vector<std::uint8_t> argmax(batch * kFlat);
+    for (auto& a : argmax) a = static_cast<std::uint8_t>(rng() % (kPoolNoGradient + 1));
+    std::vector<float> d_in(batch * kConv2Channels * kIn2 * kIn2, kNaN);
+    pool_kernels(isa()).backward(d_out.data(), argmax.data(), batch, d_in.data());
+    expect_pool_backward(d_in, d_out, argmax, batch, block(), "batch " + std::to_string(batch));
+  }
+}
+
+// Forward then backward through the kernels' own argmax: the gradient reaches the input
+// element that produced each positive pooled value, and nothing else.
+TEST_P(KernelTest, PoolBackwardAfterForwardReachesTheMaximum) {
+  for (std::uint32_t batch : kBatches) {
+    const PoolCase p = pool_case(batch, block(), 80 + batch);
+    std::vector<float> out(batch * kFlat);
+    std::vector<std::uint8_t> argmax(batch * kFlat);
+    pool_kernels(isa()).forward(p.in.data(), batch, out.data(), argmax.data());
+    const std::vector<float> d_out = uniform(batch * kFlat, -1, 1, 90 + batch);
+    std::vector<float> d_in(p.in.size(), kNaN);
+    pool_kernels(isa()).backward(d_out.data(), argmax.data(), batch, d_in.data());
+    expect_pool_backward(d_in, d_out, argmax, batch, block(), "batch " + std::to_string(batch));
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (p.want[i].argmax == kPoolNoGradient) continue;
+      const std::size_t n = i / kFlat, c = i / (kOut2 * kOut2) % kConv2Channels, py = i / kOut2 % kOut2,
+                        px = i % kOut2, k = p.want[i].argmax;
+      ASSERT_EQ(d_in[blocked(n, c, 2 * py + k / 2, 2 * px + k % 2, kConv2Channels, kIn2, block())], d_out[i])
+          << "batch " << batch << " pooled element " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, KernelTest, ::testing::Values(Isa::kPortable, Isa::kAvx2, Isa::kAvx512),
+                         [](const ::testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); });
+
+}  // namespace
+}  // namespace mnist_mt::cpu
