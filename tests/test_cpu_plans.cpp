@@ -1,0 +1,53 @@
+// No operation of the CPU replica's step ever runs a reference (unoptimised)
+// implementation, at any batch size the trainer uses, and the own kernels run with the
+// process's ISA. tests/meson.build runs this at the native ISA and at ONEDNN_MAX_CPU_ISA=AVX2.
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "device.hpp"
+#include "isa.hpp"
+#include "replica.hpp"
+
+namespace mnist_mt::cpu {
+namespace {
+
+TEST(CpuPlans, NoOperationRunsAReferenceImplementation) {
+  CpuDevice device(0);
+  auto replica = make_cpu_replica(device, 256);
+  const std::string own = std::string("own:") + isa_name(kernel_isa());
+  RecordProperty("kernel_isa", isa_name(kernel_isa()));
+  std::cout << "kernel isa: " << isa_name(kernel_isa()) << "\n";
+  for (std::uint32_t batch : {1u, 3u, 4u, 64u, 256u}) {
+    const std::vector<KernelInfo> ops = replica->kernels(batch);
+    ASSERT_FALSE(ops.empty()) << "batch " << batch;
+    std::size_t owned = 0;
+    for (const KernelInfo& k : ops) {
+      if (batch == 1 || batch == 256) std::cout << "batch " << batch << "  " << k.op << ": " << k.impl << "\n";
+      if (k.impl.empty() || is_reference(k.impl))
+        ADD_FAILURE() << k.op << " at batch " << batch << " runs \"" << k.impl << "\"";
+      if (k.impl.starts_with("own:")) {
+        ++owned;
+        EXPECT_EQ(k.impl, own) << k.op << " at batch " << batch;
+      }
+    }
+    EXPECT_GT(owned, 0u) << "batch " << batch;
+  }
+}
+
+// The AVX2 registration really runs the AVX2 kernels (where the CPU has them).
+TEST(CpuPlans, KernelIsaFollowsOneDnnLimit) {
+  const char* limit = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (limit == nullptr) limit = std::getenv("DNNL_MAX_CPU_ISA");
+  std::string name = limit == nullptr ? "" : limit;
+  for (char& ch : name) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (name != "AVX2") GTEST_SKIP() << "ONEDNN_MAX_CPU_ISA is not AVX2";
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) GTEST_SKIP() << "this CPU lacks AVX2";
+  EXPECT_STREQ(isa_name(kernel_isa()), "avx2");
+}
+
+}  // namespace
+}  // namespace mnist_mt::cpu
