@@ -1,4 +1,4 @@
-// The own CPU kernels (src/cpu/conv1.cpp, src/cpu/pool.cpp) against scalar float64
+// The own CPU kernels (src/cpu/conv1.cpp, src/cpu/pool.cpp, src/cpu/conv2_winograd.cpp) against scalar float64
 // references written here from the definitions, for every instruction set this CPU runs:
 // the process only ever uses one of them (isa.hpp), so the others are checked nowhere else.
 #include <gtest/gtest.h>
@@ -13,7 +13,10 @@
 #include <string>
 #include <vector>
 
+#include <dnnl.hpp>
+
 #include "conv1.hpp"
+#include "conv2_winograd.hpp"
 #include "isa.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/model.hpp"
@@ -347,6 +350,57 @@ TEST_P(KernelTest, PoolBackwardAfterForwardReachesTheMaximum) {
       ASSERT_EQ(d_in[blocked(n, c, 2 * py + k / 2, 2 * px + k % 2, kConv2Channels, kIn2, block())], d_out[i])
           << "batch " << batch << " pooled element " << i;
     }
+  }
+}
+
+// ---- conv2's backward by Winograd ----
+
+// Within 1e-5 of the largest magnitude plus 1e-5 relative: F(4x4, 3x3) rounds more than a
+// direct sum (its transforms scale by up to 8), the fp32 sums run over thousands of terms.
+void expect_near_all(const std::vector<float>& got, const std::vector<double>& want, const std::string& what) {
+  double scale = 0;
+  for (double w : want) scale = std::max(scale, std::abs(w));
+  ASSERT_GT(scale, 0) << what;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (!(std::abs(got[i] - want[i]) <= 1e-5 * (scale + std::abs(want[i]))) && ++bad <= 5)
+      ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " vs " << want[i];
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+TEST_P(KernelTest, Conv2WinogradBackwardEqualsDirectGradients) {
+  constexpr std::size_t kIc = kConv1Channels, kOc = kConv2Channels, kSide = kConv1Side, kOut = kConv2Side;
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  const dnnl::stream stream(engine);
+  const std::size_t B = block();
+  // 1, 3 and 5 run in chunks of one image, 4 in chunks of two.
+  for (std::uint32_t batch : {1u, 3u, 4u, 5u}) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    const std::vector<float> a1 = uniform(batch * kIc * kSide * kSide, 0.0f, 2.0f, 1 + batch);
+    const std::vector<float> d_a2 = uniform(batch * kOc * kOut * kOut, -1.0f, 1.0f, 2 + batch);
+    const std::vector<float> w = uniform(kOc * kIc * 9, -0.06f, 0.06f, 3 + batch);
+    std::vector<float> dw(w.size(), kNaN), db(kOc, kNaN), d_a1(a1.size(), kNaN);
+    Conv2WinogradBackward conv2(engine, batch, isa());
+    conv2.backward(stream, a1.data(), w.data(), d_a2.data(), dw.data(), db.data(), d_a1.data());
+
+    std::vector<double> want_dw(dw.size()), want_db(kOc), want_da1(d_a1.size());
+    for (std::size_t n = 0; n < batch; ++n)
+      for (std::size_t o = 0; o < kOc; ++o)
+        for (std::size_t y = 0; y < kOut; ++y)
+          for (std::size_t x = 0; x < kOut; ++x) {
+            const double g = d_a2[blocked(n, o, y, x, kOc, kOut, B)];
+            want_db[o] += g;
+            for (std::size_t i = 0; i < kIc; ++i)
+              for (std::size_t ky = 0; ky < 3; ++ky)
+                for (std::size_t kx = 0; kx < 3; ++kx) {
+                  const std::size_t at = blocked(n, i, y + ky, x + kx, kIc, kSide, B);
+                  want_dw[(o * kIc + i) * 9 + ky * 3 + kx] += g * a1[at];
+                  want_da1[at] += g * w[(o * kIc + i) * 9 + ky * 3 + kx];
+                }
+          }
+    expect_near_all(dw, want_dw, "dw");
+    expect_near_all(db, want_db, "db");
+    expect_near_all(d_a1, want_da1, "d_a1");
   }
 }
 
