@@ -3,10 +3,19 @@
 // 64 and 256 per device. Each case trains two short epochs on synthetic in-memory
 // data and reports the second, so one-time setup (threads, primitives, first touch of
 // memory) stays out of the figures. Reported time is per step.
+//
+// layer/cpu/...: where one CPU rank's training step goes, per operation (forward, backward
+// and SGD, oneDNN's implementation or ours as the label), at the kernel ISA of the process
+// (ONEDNN_MAX_CPU_ISA=AVX2 holds oneDNN and our kernels to AVX2), and the step's images/s
+// against this machine's ceiling: single-thread sgemm FLOP/s / 71.6 MFLOP per training
+// image. A rank's ceiling_% on the trainer rows divides by that ceiling times the ranks.
 #include <benchmark/benchmark.h>
+#include <dnnl.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -14,14 +23,43 @@
 #include <thread>
 #include <vector>
 
+#include "device.hpp"
+#include "isa.hpp"
 #include "mnist_mt/backend.hpp"
 #include "mnist_mt/dataset.hpp"
+#include "mnist_mt/model.hpp"
 #include "mnist_mt/trainer.hpp"
+#include "replica.hpp"
 
 namespace mnist_mt {
 namespace {
 
 constexpr std::uint32_t kBatches[] = {4, 64, 256};
+constexpr double kTrainFlopPerImage = 71.6e6;  // forward + backward, DESIGN.md
+
+// Single-thread sgemm (oneDNN's, at the process's ISA) on a device's compute thread, which
+// runs oneDNN with one thread: the best of a few 1024^3 products, in FLOP/s. Measured once.
+double sgemm_flops() {
+  static const double flops = [] {
+    constexpr dnnl_dim_t n = 1024;
+    std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n);
+    double best = 0;
+    cpu::CpuDevice device(0);
+    device.compute().wait(device.compute().enqueue([&] {
+      for (int rep = 0; rep < 6; ++rep) {
+        const auto start = std::chrono::steady_clock::now();
+        dnnl_sgemm('N', 'N', n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        best = std::max(best, 2.0 * n * n * n / s);
+      }
+    }));
+    return best;
+  }();
+  return flops;
+}
+
+// Images/s of `ranks` cores running at the sgemm rate with 71.6 MFLOP per image.
+double ceiling(int ranks) { return sgemm_flops() * ranks / kTrainFlopPerImage; }
 
 // Images each device trains on per measured epoch: a few seconds per case on one core.
 std::uint32_t images_per_device(const Backend& backend) { return backend.name() == "cpu" ? 2048 : 16384; }
@@ -66,6 +104,7 @@ void bench_step(benchmark::State& state, Backend& backend, Mode mode, int world,
   const double us = 1e6 / n;
   const PhaseSeconds& p = m.phase_seconds;
   state.counters["images/s"] = m.images_per_s;
+  if (backend.name() == "cpu") state.counters["ceiling_%"] = 100.0 * m.images_per_s / ceiling(world);
   state.counters["us/step"] = m.seconds * us;
   // Exposed communication: time the step waited for allreduce beyond the backward.
   state.counters["comm_us"] = p.comm_wait * us;
@@ -90,6 +129,76 @@ void register_steps(Backend& backend, int max_world) {
   }
 }
 
+// One CPU replica trains kProfileSteps steps at `batch` after a warm-up; the per-operation
+// times of those steps, and their wall time. Made once per batch size and shared by the
+// benchmarks that report it.
+struct LayerProfile {
+  std::vector<cpu::OpTime> ops;
+  double step_seconds = 0;
+};
+constexpr int kProfileSteps = 30;
+
+const LayerProfile& layer_profile(std::uint32_t batch) {
+  static std::map<std::uint32_t, LayerProfile> profiles;
+  auto it = profiles.find(batch);
+  if (it != profiles.end()) return it->second;
+  cpu::CpuDevice device(0);
+  auto replica = cpu::make_cpu_replica(device, batch);
+  std::vector<float> params(kParamCount);
+  init_parameters(1, params);
+  replica->write_params(params);
+  const Split split = synthetic_split(batch, 3);
+  Batch input;
+  input.size = batch;
+  input.images = split.images;
+  input.labels = split.labels;
+  input.indices.resize(batch);
+  std::iota(input.indices.begin(), input.indices.end(), 0u);
+  const auto step = [&](int k) {
+    replica->set_input(input);
+    replica->forward(true, {1, static_cast<std::uint32_t>(k)}, batch);
+    replica->backward([](int) {});
+    replica->sgd_step({0.01f, 0.9f, 0.0f});
+  };
+  for (int k = 0; k < 5; ++k) step(k);
+  device.synchronize();
+  replica->take_profile();
+  const auto start = std::chrono::steady_clock::now();
+  for (int k = 0; k < kProfileSteps; ++k) step(k);
+  device.synchronize();
+  LayerProfile p;
+  p.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kProfileSteps;
+  p.ops = replica->take_profile();
+  return profiles.emplace(batch, std::move(p)).first->second;
+}
+
+void register_layers() {
+  for (std::uint32_t batch : kBatches) {
+    const std::string prefix = "layer/cpu/" + std::string(cpu::isa_name(cpu::kernel_isa())) + "/batch:" +
+                               std::to_string(batch) + "/";
+    benchmark::RegisterBenchmark((prefix + "step").c_str(), [batch](benchmark::State& st) {
+      const LayerProfile& p = layer_profile(batch);
+      for (auto _ : st) st.SetIterationTime(p.step_seconds);
+      st.counters["images/s"] = batch / p.step_seconds;
+      st.counters["ms/step"] = 1e3 * p.step_seconds;
+      st.counters["sgemm_GFLOP/s"] = sgemm_flops() / 1e9;
+      st.counters["ceiling_%"] = 100.0 * batch / p.step_seconds / ceiling(1);
+    })->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
+    for (std::size_t op = 0; op < layer_profile(batch).ops.size(); ++op) {
+      const std::string& name = layer_profile(batch).ops[op].op;
+      benchmark::RegisterBenchmark((prefix + name).c_str(), [batch, op](benchmark::State& st) {
+        const LayerProfile& p = layer_profile(batch);
+        const cpu::OpTime& t = p.ops[op];
+        const double per_step = t.seconds / kProfileSteps;
+        for (auto _ : st) st.SetIterationTime(per_step);
+        st.SetLabel(t.impl);
+        st.counters["ms/step"] = 1e3 * per_step;
+        st.counters["%_of_step"] = 100.0 * per_step / p.step_seconds;
+      })->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mnist_mt
 
@@ -99,6 +208,7 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 
   std::unique_ptr<Backend> cpu = make_cpu_backend({});
+  register_layers();
   register_steps(*cpu, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   std::unique_ptr<Backend> cuda;
   if (cuda_built()) {

@@ -4,7 +4,12 @@ after the other, and prints a Markdown table: training images/s of each, the rat
 and the final test accuracy of each, with the machine, the date and the commands.
 
     bench/compare.py --ranks 2 --batch-size 64 --epochs 1 [--max-steps S] [--build DIR]
+    bench/compare.py --isa avx2 ...                # both held to AVX2 (an AVX2-only CPU's speed)
     bench/compare.py --device cuda --ranks 2 ...   # GPUs 0..ranks-1, nccl for the template
+
+The template runs on OpenBLAS (Debian's python3-torch otherwise takes the reference
+BLAS); the script installs it with scripts/setup.sh and refuses to compare against a
+template that loaded another BLAS.
 """
 import argparse
 import datetime
@@ -37,6 +42,8 @@ def parse_args():
     p.add_argument("--build", default=os.path.relpath(ROOT / "build"), help="meson build directory with mnist_mt")
     p.add_argument("--launcher", choices=["spawn", "torchrun"], default="spawn",
                    help="template ranks started by demo.py itself or by torch.distributed.run")
+    p.add_argument("--isa", choices=["native", "avx2"], default="native",
+                   help="avx2: oneDNN (both programs), OpenBLAS and PyTorch's own kernels held to AVX2")
     p.add_argument("--out", help="also write the Markdown to this file")
     args = p.parse_args()
     if args.ranks < 1 or args.batch_size < 1 or args.epochs < 1 or args.max_steps < 0:
@@ -67,10 +74,27 @@ def template_command(args, metrics):
             f"--nproc_per_node={args.ranks}", "--tee", "1", "--redirects", "2", str(TEMPLATE)] + flags
 
 
-def run(name, command, metrics):
+def isa_env(args, template):
+    """The environment variables that hold a program to the chosen instruction set."""
+    if args.isa == "native":
+        return {}
+    env = {"ONEDNN_MAX_CPU_ISA": "AVX2"}  # PyTorch's convolutions run through oneDNN too
+    if template:
+        env.update(OPENBLAS_CORETYPE="Haswell", ATEN_CPU_CAPABILITY="avx2")
+    return env
+
+
+def ensure_template_deps():
+    """Debian's PyTorch and OpenBLAS for it (as root installs them, else says how)."""
+    setup = ROOT / "scripts" / "setup.sh"
+    if subprocess.run([str(setup), "python3-torch", "libopenblas0-pthread"]).returncode != 0:
+        sys.exit("bench/compare.py: the template needs python3-torch and libopenblas0-pthread")
+
+
+def run(name, command, metrics, env):
     """Runs `command`, echoing its output to stderr; returns its JSON-lines records."""
     print(f"## {name}: {shlex.join(command)}", file=sys.stderr, flush=True)
-    done = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr)
+    done = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr, env={**os.environ, **env})
     if done.returncode != 0:
         sys.exit(f"{name} failed with exit status {done.returncode}: {shlex.join(command)}")
     with open(metrics) as f:
@@ -107,6 +131,7 @@ def machine(args):
     except (KeyError, ValueError):
         cores = "cores unknown"
     text = f"{model}, {cores}, {len(os.sched_getaffinity(0))} hardware threads usable"
+    text += ", held to AVX2" if args.isa == "avx2" else ", native ISA"
     if args.device == "cuda":
         try:
             gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
@@ -130,6 +155,8 @@ def table(args, ours, theirs, commands):
         ("training seconds", f"{a['seconds']:.2f}", f"{b['seconds']:.2f}", ""),
     ]
     backend = "gloo" if args.device == "cpu" else "nccl"
+    if args.device == "cpu":
+        backend += ", " + theirs[-1].get("blas", "BLAS unknown")
     lines = [
         f"**{args.ranks} {args.device.upper()} ranks, batch {args.batch_size} per rank, "
         f"{args.epochs} epoch(s)" + (f", {args.max_steps} steps per epoch" if args.max_steps else "") +
@@ -151,14 +178,20 @@ def table(args, ours, theirs, commands):
 
 def main():
     args = parse_args()
+    if args.device == "cpu":
+        ensure_template_deps()
     with tempfile.TemporaryDirectory(prefix="mnist_mt_compare.") as tmp:
         ours_cmd = mnist_mt_command(args, str(Path(tmp) / "mnist_mt.jsonl"))
         theirs_cmd = template_command(args, str(Path(tmp) / "template.jsonl"))
-        ours = run("mnist_mt", ours_cmd, ours_cmd[-1])
-        theirs = run("template", theirs_cmd, theirs_cmd[-1])
+        ours = run("mnist_mt", ours_cmd, ours_cmd[-1], isa_env(args, False))
+        theirs = run("template", theirs_cmd, theirs_cmd[-1], isa_env(args, True))
+    if args.device == "cpu" and theirs[-1].get("blas") != "OpenBLAS":
+        sys.exit(f"bench/compare.py: the template ran with {theirs[-1].get('blas', 'an unknown BLAS')}, not "
+                 "OpenBLAS: point Debian's libblas.so.3 alternative at OpenBLAS")
     # The commands as a reader would repeat them: without the temporary metrics files,
-    # with paths relative to the working directory.
-    shown = [[relative(a) for a in c[:-2]] for c in (ours_cmd, theirs_cmd)]
+    # with paths relative to the working directory, after the variables they ran with.
+    shown = [[f"{k}={v}" for k, v in isa_env(args, template).items()] + [relative(a) for a in c[:-2]]
+             for template, c in ((False, ours_cmd), (True, theirs_cmd))]
     report = table(args, ours, theirs, shown)
     print(report, end="")
     if args.out:

@@ -106,6 +106,19 @@ class IdxMnist(Dataset):
         return (image - MEAN) / STD, int(self.labels[i])
 
 
+def loaded_blas():
+    """The BLAS library this process runs with: Debian's python3-torch takes libblas.so.3,
+    which its alternatives point at the reference BLAS or at OpenBLAS."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split()[-1] for line in f if "libblas" in line or "openblas" in line})
+    except OSError:
+        return "unknown"
+    if any("openblas" in p for p in paths):
+        return "OpenBLAS"
+    return "reference BLAS" if paths else "no BLAS loaded"
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=DEFAULT_DATA, help="directory of the four IDX files")
@@ -206,7 +219,8 @@ def run(args):
         record = {"epoch": epoch, "train_loss": train_loss, "test_loss": test_loss,
                   "test_accuracy": test_accuracy, "images_per_s": images / seconds,
                   "seconds": seconds, "steps": int(images) // (args.batch_size * world),
-                  "world": world, "batch_size": args.batch_size, "device": device.type}
+                  "world": world, "batch_size": args.batch_size, "device": device.type,
+                  "blas": loaded_blas()}
         if rank == 0:
             print(f"epoch {epoch}: train loss {train_loss:.4f}, {images / seconds:.1f} images/s "
                   f"({world} ranks, {seconds:.2f} s), test loss {test_loss:.4f}, "
