@@ -11,6 +11,17 @@ enum class Isa { kPortable, kAvx2, kAvx512 };
 Isa kernel_isa();
 const char* isa_name(Isa isa);  // "portable", "avx2", "avx512"
 
+// The variant of a kernel compiled for kernel_isa() (simd.hpp), chosen on first use.
+template <class F>
+F for_isa(F avx512, F avx2, F portable) {
+  switch (kernel_isa()) {
+    case Isa::kAvx512: return avx512;
+    case Isa::kAvx2: return avx2;
+    case Isa::kPortable: break;
+  }
+  return portable;
+}
+
 // Channels per block of the activations from conv1 to the pooling (oneDNN's nChw16c on
 // AVX-512, nChw8c otherwise): one vector register of floats.
 constexpr std::size_t channel_block(Isa isa) { return isa == Isa::kAvx512 ? 16 : 8; }

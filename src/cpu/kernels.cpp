@@ -5,18 +5,14 @@
 #include <bit>
 #include <cmath>
 
+#include "isa.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/model.hpp"
+#include "simd.hpp"
 
-// The loops below are written for auto-vectorisation; GCC builds each hot one for AVX-512,
-// AVX2 and the baseline, and picks the best at load time through an ifunc resolver. Under
-// ThreadSanitizer the resolver would run before the sanitizer's runtime is up and crash,
-// so that build keeps the baseline alone.
-#if defined(__SANITIZE_THREAD__)
-#define MNIST_MT_CLONES
-#else
-#define MNIST_MT_CLONES [[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]]
-#endif
+// The hot loops below are written for auto-vectorisation, as always-inlined bodies compiled
+// once per instruction set (simd.hpp); each public function calls the variant for
+// kernel_isa(), picked on first use.
 
 namespace mnist_mt::cpu {
 namespace {
@@ -72,16 +68,10 @@ const std::array<float, 256>& normalise_table() {
   return table;
 }
 
-}  // namespace
-
-void normalise_images(const std::uint8_t* pixels, std::size_t count, float* out) {
-  const std::array<float, 256>& table = normalise_table();
-  for (std::size_t i = 0; i < count; ++i) out[i] = table[pixels[i]];
-}
-
-MNIST_MT_CLONES
-void dropout_forward(const DropoutKey& key, const std::uint32_t* samples, std::uint32_t batch, RandomStream stream,
-                     std::uint32_t elements, float p, float* x) {
+template <std::size_t>  // the vector width is GCC's to choose here
+[[gnu::always_inline]] inline void dropout_body(const DropoutKey& key, const std::uint32_t* samples,
+                                                std::uint32_t batch, RandomStream stream, std::uint32_t elements,
+                                                float p, float* x) {
   const std::uint32_t threshold = keep_threshold(p);
   const float scale = 1.0f / (1.0f - p);
   U32x lane{};
@@ -117,9 +107,62 @@ void dropout_forward(const DropoutKey& key, const std::uint32_t* samples, std::u
   }
 }
 
-MNIST_MT_CLONES
+template <std::size_t B>
+[[gnu::always_inline]] inline void relu_dropout_backward_body(const float* out, float scale, std::size_t count,
+                                                              float* d) {
+  std::size_t i = 0;
+  for (; i + B <= count; i += B) store<B>(d + i, load<B>(out + i) > 0 ? load<B>(d + i) * scale : Vec<B>{});
+  for (; i < count; ++i) d[i] = out[i] > 0.0f ? d[i] * scale : 0.0f;
+}
+
+// PyTorch's SGD (dampening 0, no Nesterov).
+template <std::size_t>  // auto-vectorised
+[[gnu::always_inline]] inline void sgd_body(float* params, const float* grads, float* momentum, std::size_t count,
+                                            const SgdOptions& options, bool first_step) {
+  // buf = 0*buf + g on the first step: the buffer is all zeros then, so this is buf = g.
+  const float m = first_step ? 0.0f : options.momentum, wd = options.weight_decay, lr = options.lr;
+  for (std::size_t i = 0; i < count; ++i) {
+    const float g = grads[i] + wd * params[i];
+    const float buf = m * momentum[i] + g;
+    momentum[i] = buf;
+    params[i] -= lr * buf;
+  }
+}
+
+// One entry point per instruction set for each body above.
+#define MNIST_MT_VARIANTS(name, body, params, args)                \
+  MNIST_MT_AVX512 void name##_avx512 params { body<16> args; } \
+  MNIST_MT_AVX2 void name##_avx2 params { body<8> args; }      \
+  void name##_portable params { body<4> args; }
+MNIST_MT_VARIANTS(dropout, dropout_body,
+                  (const DropoutKey& key, const std::uint32_t* samples, std::uint32_t batch, RandomStream stream,
+                   std::uint32_t elements, float p, float* x),
+                  (key, samples, batch, stream, elements, p, x))
+MNIST_MT_VARIANTS(relu_dropout_backward, relu_dropout_backward_body,
+                  (const float* out, float scale, std::size_t count, float* d), (out, scale, count, d))
+MNIST_MT_VARIANTS(sgd, sgd_body,
+                  (float* params, const float* grads, float* momentum, std::size_t count, const SgdOptions& options,
+                   bool first_step),
+                  (params, grads, momentum, count, options, first_step))
+#undef MNIST_MT_VARIANTS
+
+}  // namespace
+
+void normalise_images(const std::uint8_t* pixels, std::size_t count, float* out) {
+  const std::array<float, 256>& table = normalise_table();
+  for (std::size_t i = 0; i < count; ++i) out[i] = table[pixels[i]];
+}
+
+void dropout_forward(const DropoutKey& key, const std::uint32_t* samples, std::uint32_t batch, RandomStream stream,
+                     std::uint32_t elements, float p, float* x) {
+  static const auto variant = for_isa(dropout_avx512, dropout_avx2, dropout_portable);
+  variant(key, samples, batch, stream, elements, p, x);
+}
+
 void relu_dropout_backward(const float* out, float scale, std::size_t count, float* d) {
-  for (std::size_t i = 0; i < count; ++i) d[i] = out[i] > 0.0f ? d[i] * scale : 0.0f;
+  static const auto variant =
+      for_isa(relu_dropout_backward_avx512, relu_dropout_backward_avx2, relu_dropout_backward_portable);
+  variant(out, scale, count, d);
 }
 
 void log_softmax_nll(const float* logits, const std::uint8_t* labels, std::uint32_t batch, float denominator,
@@ -143,17 +186,10 @@ void log_softmax_nll(const float* logits, const std::uint8_t* labels, std::uint3
   }
 }
 
-MNIST_MT_CLONES
 void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdOptions& options,
                 bool first_step) {
-  // buf = 0*buf + g on the first step: the buffer is all zeros then, so this is buf = g.
-  const float m = first_step ? 0.0f : options.momentum, wd = options.weight_decay, lr = options.lr;
-  for (std::size_t i = 0; i < count; ++i) {
-    const float g = grads[i] + wd * params[i];
-    const float buf = m * momentum[i] + g;
-    momentum[i] = buf;
-    params[i] -= lr * buf;
-  }
+  static const auto variant = for_isa(sgd_avx512, sgd_avx2, sgd_portable);
+  variant(params, grads, momentum, count, options, first_step);
 }
 
 }  // namespace mnist_mt::cpu
