@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <new>
 #include <tuple>
 
 #include "mnist_mt/error.hpp"
@@ -38,23 +37,15 @@ dnnl::matmul::primitive_desc make_matmul(const dnnl::engine& engine, const memor
 
 }  // namespace
 
-void Conv2WinogradBackward::Free::operator()(float* p) const { ::operator delete[](p, std::align_val_t{64}); }
-
-Conv2WinogradBackward::Floats Conv2WinogradBackward::floats(std::size_t count) {
-  auto* p = static_cast<float*>(::operator new[](count * sizeof(float), std::align_val_t{64}));
-  std::memset(p, 0, count * sizeof(float));
-  return Floats(p);
-}
-
 Conv2WinogradBackward::Conv2WinogradBackward(const dnnl::engine& engine, std::uint32_t batch, Isa isa)
     : kernels_(winograd_kernels(isa)), batch_(batch), chunk_(chunk_for(batch)), engine_(engine) {
   const memory::dim t = memory::dim{kWinoTiles} * chunk_;
   const memory::dim pv = wino_plane(t, kIc), pz = wino_plane(t, kOc);
-  u_ = floats(kXi * kIc * kOc);
-  du_ = floats(kXi * kIc * kOc);
-  v_ = floats(kXi * pv);
-  z_ = floats(kXi * pz);
-  dv_ = floats(kXi * pv);
+  u_ = aligned_zeros<float>(kXi * kIc * kOc);
+  du_ = aligned_zeros<float>(kXi * kIc * kOc);
+  v_ = aligned_zeros<float>(kXi * pv);
+  z_ = aligned_zeros<float>(kXi * pz);
+  dv_ = aligned_zeros<float>(kXi * pv);
   // Per position xi, rows are tiles: dV = Z U^T and dU += V^T Z, with U stored
   // [xi][ic][oc]; U^T and V^T are strided views.
   const memory::desc v({kXi, t, kIc}, kF32, Dims{pv, kIc, 1});

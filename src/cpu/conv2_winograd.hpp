@@ -5,8 +5,10 @@
 // multiplications (oneDNN has Winograd kernels for AVX-512 only, and ours measured
 // faster there too). One pass computes the
 // weight, bias and input gradients, chunk by chunk of a few images so that the
-// transformed tiles stay in cache. The forward pass stays direct (oneDNN): Winograd's
-// larger rounding error there would move max-pooling ties, and with them gradients.
+// transformed tiles stay in cache. The forward pass stays oneDNN's convolution: our
+// Winograd's
+// larger rounding error there would move max-pooling ties, and with them gradients (the
+// oneDNN forward is Winograd on AVX-512 only, as it was before).
 // All memory is taken at construction.
 #include <cstdint>
 #include <dnnl.hpp>
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "aligned.hpp"
 #include "isa.hpp"
 #include "winograd.hpp"
 
@@ -36,11 +39,6 @@ class Conv2WinogradBackward {
                 float* d_a1);
 
  private:
-  struct Free {
-    void operator()(float* p) const;
-  };
-  using Floats = std::unique_ptr<float[], Free>;
-  static Floats floats(std::size_t count);
   // A matrix product bound to its buffers, run through the C API so it allocates nothing.
   struct Product {
     dnnl::primitive primitive;
@@ -52,7 +50,7 @@ class Conv2WinogradBackward {
 
   WinogradKernels kernels_;
   std::uint32_t batch_, chunk_;  // images per chunk: the largest divisor of batch_ up to a cap
-  Floats u_, du_, v_, z_, dv_;   // transformed weights and their gradient; one chunk's tiles
+  Aligned<float> u_, du_, v_, z_, dv_;  // transformed weights and their gradient; one chunk's tiles
   dnnl::engine engine_;
   Product backward_data_, backward_weights_;  // dV = Z U^T; dU += V^T Z
   std::string impl_;
