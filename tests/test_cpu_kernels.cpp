@@ -1,4 +1,4 @@
-// The own CPU kernels (src/cpu/conv1.cpp, src/cpu/pool.cpp, src/cpu/conv2_winograd.cpp) against scalar float64
+// The own CPU kernels (src/cpu/conv1.cpp, pool.cpp, conv2_winograd.cpp, kernels.cpp) against scalar float64
 // references written here from the definitions, for every instruction set this CPU runs:
 // the process only ever uses one of them (isa.hpp), so the others are checked nowhere else.
 #include <gtest/gtest.h>
@@ -17,6 +17,7 @@
 
 #include "conv1.hpp"
 #include "conv2_winograd.hpp"
+#include "kernels.hpp"
 #include "isa.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/model.hpp"
@@ -184,14 +185,19 @@ struct Pooled {
   std::uint8_t argmax;
 };
 
-// The first maximum in row-major order gets the gradient, unless the ReLU cuts it.
+// PyTorch's max_pool2d of ReLU: the first maximum in row-major order gets the gradient,
+// unless the ReLU cuts it; a NaN counts as a maximum (the last one wins, as in PyTorch's
+// CPU kernel), passes the ReLU as NaN and gets no gradient from it.
 Pooled pool_reference(const Window& v) {
   std::size_t first = 0;
   for (std::size_t k = 1; k < 4; ++k)
-    if (v[k] > v[first]) first = k;
+    if (v[k] > v[first] || std::isnan(v[k])) first = k;
+  if (std::isnan(v[first])) return {v[first], kPoolNoGradient};
   if (!(v[first] > 0)) return {0.0f, kPoolNoGradient};
   return {v[first], static_cast<std::uint8_t>(first)};
 }
+
+bool same(float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 
 struct SpecialWindow {
   Window v;
@@ -215,6 +221,9 @@ const SpecialWindow kSpecial[] = {
     // Tiny but positive, a subnormal too: the ReLU passes it.
     {{-1.0f, 1e-30f, -2.0f, 0.0f}, {1e-30f, 1}},
     {{-1.0f, -2.0f, 1e-40f, 0.0f}, {1e-40f, 2}},
+    // NaN: the maximum, NaN out, no gradient.
+    {{0.5f, kNaN, 0.2f, 0.1f}, {kNaN, kPoolNoGradient}},
+    {{kNaN, 0.9f, -1.0f, 0.0f}, {kNaN, kPoolNoGradient}},
 };
 
 struct PoolCase {
@@ -249,7 +258,7 @@ PoolCase pool_case(std::uint32_t batch, std::size_t block, std::uint32_t seed) {
 TEST(PoolReference, SpecialWindows) {
   for (const SpecialWindow& s : kSpecial) {
     const Pooled got = pool_reference(s.v);
-    EXPECT_EQ(got.value, s.want.value);
+    EXPECT_TRUE(same(got.value, s.want.value)) << got.value << " vs " << s.want.value;
     EXPECT_EQ(got.argmax, s.want.argmax);
   }
 }
@@ -271,7 +280,7 @@ TEST_P(KernelTest, PoolForwardIsReluOfFirstWindowMaximum) {
             const float got = out[flat];
             const std::uint8_t got_arg = argmax[blocked(n, c, py, px, kConv2Channels, kOut2, block())];
             cut += want.argmax == kPoolNoGradient;
-            if ((got != want.value || got_arg != want.argmax) && ++bad <= 5)
+            if ((!same(got, want.value) || got_arg != want.argmax) && ++bad <= 5)
               ADD_FAILURE() << "batch " << batch << " (n, c, py, px) = (" << n << ", " << c << ", " << py << ", " << px
                             << "): got " << got << " argmax " << int{got_arg} << ", want " << want.value
                             << " argmax " << int{want.argmax};
@@ -401,6 +410,52 @@ TEST_P(KernelTest, Conv2WinogradBackwardEqualsDirectGradients) {
     expect_near_all(dw, want_dw, "dw");
     expect_near_all(db, want_db, "db");
     expect_near_all(d_a1, want_da1, "d_a1");
+  }
+}
+
+// ---- dropout, its backward with the ReLU's, SGD ----
+
+TEST_P(KernelTest, DropoutKeepsAsDropoutKeepAndScales) {
+  const std::vector<std::uint32_t> samples{0, 3, 59999};
+  const DropoutKey key{0xabcdef0123ull, 9};
+  for (std::uint32_t elements : {9216u, 128u, 70u}) {
+    const std::vector<float> x = uniform(samples.size() * elements, 0.5f, 2.0f, elements);
+    std::vector<float> y = x;
+    element_kernels(isa()).dropout_forward(key, samples.data(), static_cast<std::uint32_t>(samples.size()),
+                                           RandomStream::kDropout0, elements, 0.3f, y.data());
+    for (std::size_t n = 0; n < samples.size(); ++n)
+      for (std::uint32_t e = 0; e < elements; ++e) {
+        const std::size_t i = n * elements + e;
+        const bool keep = dropout_keep(key.seed, key.epoch, samples[n], RandomStream::kDropout0, e, 0.3f);
+        ASSERT_EQ(y[i], keep ? x[i] * (1.0f / 0.7f) : 0.0f) << "element " << e << " of sample " << samples[n];
+      }
+  }
+}
+
+TEST_P(KernelTest, ReluDropoutBackwardPassesWhereOutputIsPositive) {
+  for (std::size_t count : {1u, 15u, 16u, 1027u}) {  // tails shorter than a vector
+    std::vector<float> out = uniform(count, -1, 1, 5 + count), d = uniform(count, -2, 2, 6 + count);
+    out[0] = 0.0f;
+    if (count > 2) out[count - 1] = kNaN;
+    std::vector<float> got = d;
+    element_kernels(isa()).relu_dropout_backward(out.data(), 2.0f, count, got.data());
+    for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(got[i], out[i] > 0 ? d[i] * 2.0f : 0.0f) << count << " " << i;
+  }
+}
+
+TEST_P(KernelTest, SgdIsPyTorchsRule) {
+  constexpr std::size_t kCount = 1003;
+  const std::vector<float> p0 = uniform(kCount, -1, 1, 1), g = uniform(kCount, -1, 1, 2), m0 = uniform(kCount, -1, 1, 3);
+  const SgdOptions sgd{0.05f, 0.9f, 0.01f};
+  for (bool first : {true, false}) {
+    std::vector<float> p = p0, m = m0;
+    element_kernels(isa()).sgd_update(p.data(), g.data(), m.data(), kCount, sgd, first);
+    for (std::size_t i = 0; i < kCount; ++i) {
+      const double grad = double{g[i]} + double{sgd.weight_decay} * p0[i];
+      const double buf = (first ? 0.0 : double{sgd.momentum} * m0[i]) + grad;
+      ASSERT_NEAR(m[i], buf, 1e-6) << i;
+      ASSERT_NEAR(p[i], p0[i] - double{sgd.lr} * buf, 1e-6) << i;
+    }
   }
 }
 

@@ -38,6 +38,15 @@ TEST(CpuPlans, NoOperationRunsAReferenceImplementation) {
   }
 }
 
+// The names oneDNN gives its reference implementations, and not its optimised ones.
+TEST(CpuPlans, ReferenceImplementationsAreRecognised) {
+  for (const char* impl : {"ref:any", "gemm:ref", "x64:gemm:ref", "ref_int8:any", "jit:avx2 + ref:any"})
+    EXPECT_TRUE(is_reference(impl)) << impl;
+  for (const char* impl : {"jit:avx2", "x64:gemm:jit", "jit_wino_4x3:avx512_core", "own:avx2", "reorder jit:uni",
+                           "brg:prefer_ymm"})
+    EXPECT_FALSE(is_reference(impl)) << impl;
+}
+
 // The AVX2 registration really runs the AVX2 kernels (where the CPU has them).
 TEST(CpuPlans, KernelIsaFollowsOneDnnLimit) {
   const char* limit = std::getenv("ONEDNN_MAX_CPU_ISA");

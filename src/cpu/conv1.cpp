@@ -87,12 +87,8 @@ void backward_weights_portable(const float* x, const float* out, const float* d_
 }  // namespace
 
 Conv1Kernels conv1_kernels(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512: return {forward_avx512, backward_weights_avx512};
-    case Isa::kAvx2: return {forward_avx2, backward_weights_avx2};
-    case Isa::kPortable: break;
-  }
-  return {forward_portable, backward_weights_portable};
+  return pick<Conv1Kernels>(isa, {forward_avx512, backward_weights_avx512}, {forward_avx2, backward_weights_avx2},
+                           {forward_portable, backward_weights_portable});
 }
 
 }  // namespace mnist_mt::cpu

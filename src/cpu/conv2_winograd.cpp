@@ -4,7 +4,6 @@
 #include <cstring>
 #include <tuple>
 
-#include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 
 namespace mnist_mt::cpu {
@@ -61,23 +60,13 @@ Conv2WinogradBackward::Conv2WinogradBackward(const dnnl::engine& engine, std::ui
           weights.impl_info_str();
 }
 
-Conv2WinogradBackward::Product Conv2WinogradBackward::product(const dnnl::primitive_desc& pd, float* src,
-                                                              float* weights, float* dst) {
-  Product p{dnnl::primitive(pd.get()), {}, {}};
+Step Conv2WinogradBackward::product(const dnnl::primitive_desc& pd, float* src, float* weights, float* dst) {
+  Step step{dnnl::primitive(pd.get()), {}, kConv2Backward};
   for (const auto& [arg, desc, data] : {std::tuple{DNNL_ARG_SRC, pd.src_desc(), src},
                                         std::tuple{DNNL_ARG_WEIGHTS, pd.weights_desc(), weights},
-                                        std::tuple{DNNL_ARG_DST, pd.dst_desc(), dst}}) {
-    const memory& m = p.memories.emplace_back(desc, engine_, data);
-    p.args.push_back({arg, m.get()});
-  }
-  return p;
-}
-
-void Conv2WinogradBackward::run(const dnnl::stream& stream, const Product& p) {
-  const dnnl_status_t status =
-      dnnl_primitive_execute(p.primitive.get(), stream.get(), static_cast<int>(p.args.size()), p.args.data());
-  if (status != dnnl_success)
-    throw RuntimeFailure("oneDNN matmul of conv2's backward failed with status " + std::to_string(status));
+                                        std::tuple{DNNL_ARG_DST, pd.dst_desc(), dst}})
+    step.args.push_back({arg, memories_.emplace_back(desc, engine_, data).get()});
+  return step;
 }
 
 void Conv2WinogradBackward::backward(const dnnl::stream& stream, const float* a1, const float* w, const float* d_a2,
@@ -88,8 +77,8 @@ void Conv2WinogradBackward::backward(const dnnl::stream& stream, const float* a1
   for (std::uint32_t n = 0; n < batch_; n += chunk_) {
     kernels_.output_grad(d_a2 + n * kOutImage, chunk_, z_.get(), bias);
     kernels_.input(a1 + n * kInImage, chunk_, v_.get());
-    run(stream, backward_weights_);
-    run(stream, backward_data_);
+    run(backward_weights_, stream);
+    run(backward_data_, stream);
     kernels_.input_grad(dv_.get(), chunk_, d_a1 + n * kInImage);
   }
   kernels_.weights_grad(du_.get(), dw);

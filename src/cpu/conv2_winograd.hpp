@@ -1,15 +1,16 @@
 #pragma once
 // conv2's backward pass (32 -> 64 channels, 3x3, on 26x26) by Winograd F(4x4, 3x3): the
 // transforms of winograd.hpp and, between them, batched matrix products over the 36
-// positions of a tile (oneDNN matmul). A quarter of direct convolution's
-// multiplications (oneDNN has Winograd kernels for AVX-512 only, and ours measured
-// faster there too). One pass computes the
-// weight, bias and input gradients, chunk by chunk of a few images so that the
-// transformed tiles stay in cache. The forward pass stays oneDNN's convolution: our
-// Winograd's
-// larger rounding error there would move max-pooling ties, and with them gradients (the
-// oneDNN forward is Winograd on AVX-512 only, as it was before).
-// All memory is taken at construction.
+// positions of a tile (oneDNN matmul), with a quarter of direct convolution's
+// multiplications. oneDNN has Winograd kernels for AVX-512 only; ours measured faster
+// than those too. One pass computes the weight, bias and input gradients, chunk by chunk
+// of a few images so that the transformed tiles stay in cache. All memory is taken at
+// construction.
+//
+// The forward pass stays oneDNN's convolution (direct, or oneDNN's Winograd on AVX-512,
+// which agrees with PyTorch's golden steps): in the forward, this Winograd's rounding
+// moved a max-pooling tie in the golden three-step test and with it the gradients, while
+// in the backward its rounding only perturbs the gradients by ~1e-6.
 #include <cstdint>
 #include <dnnl.hpp>
 #include <memory>
@@ -18,6 +19,7 @@
 
 #include "aligned.hpp"
 #include "isa.hpp"
+#include "step.hpp"
 #include "winograd.hpp"
 
 namespace mnist_mt::cpu {
@@ -39,20 +41,15 @@ class Conv2WinogradBackward {
                 float* d_a1);
 
  private:
-  // A matrix product bound to its buffers, run through the C API so it allocates nothing.
-  struct Product {
-    dnnl::primitive primitive;
-    std::vector<dnnl::memory> memories;
-    std::vector<dnnl_exec_arg_t> args;
-  };
-  Product product(const dnnl::primitive_desc& pd, float* src, float* weights, float* dst);
-  static void run(const dnnl::stream& stream, const Product& p);
+  // A matrix product bound to its buffers (memory objects kept in memories_).
+  Step product(const dnnl::primitive_desc& pd, float* src, float* weights, float* dst);
 
   WinogradKernels kernels_;
   std::uint32_t batch_, chunk_;  // images per chunk: the largest divisor of batch_ up to a cap
   Aligned<float> u_, du_, v_, z_, dv_;  // transformed weights and their gradient; one chunk's tiles
   dnnl::engine engine_;
-  Product backward_data_, backward_weights_;  // dV = Z U^T; dU += V^T Z
+  std::vector<dnnl::memory> memories_;
+  Step backward_data_, backward_weights_;  // dV = Z U^T; dU += V^T Z
   std::string impl_;
 };
 

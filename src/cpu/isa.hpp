@@ -11,10 +11,10 @@ enum class Isa { kPortable, kAvx2, kAvx512 };
 Isa kernel_isa();
 const char* isa_name(Isa isa);  // "portable", "avx2", "avx512"
 
-// The variant of a kernel compiled for kernel_isa() (simd.hpp), chosen on first use.
-template <class F>
-F for_isa(F avx512, F avx2, F portable) {
-  switch (kernel_isa()) {
+// The variant of a kernel (or a table of them) compiled for `isa` (simd.hpp).
+template <class T>
+T pick(Isa isa, T avx512, T avx2, T portable) {
+  switch (isa) {
     case Isa::kAvx512: return avx512;
     case Isa::kAvx2: return avx2;
     case Isa::kPortable: break;

@@ -10,9 +10,9 @@
 #include "mnist_mt/model.hpp"
 #include "simd.hpp"
 
-// The hot loops below are written for auto-vectorisation, as always-inlined bodies compiled
-// once per instruction set (simd.hpp); each public function calls the variant for
-// kernel_isa(), picked on first use.
+// The hot loops below are always-inlined bodies compiled once per instruction set
+// (simd.hpp); the SGD and dropout loops are left to GCC's vectoriser. The free functions
+// call the variants for kernel_isa(), picked on first use.
 
 namespace mnist_mt::cpu {
 namespace {
@@ -153,16 +153,26 @@ void normalise_images(const std::uint8_t* pixels, std::size_t count, float* out)
   for (std::size_t i = 0; i < count; ++i) out[i] = table[pixels[i]];
 }
 
+ElementKernels element_kernels(Isa isa) {
+  return pick<ElementKernels>(isa, {dropout_avx512, relu_dropout_backward_avx512, sgd_avx512},
+                              {dropout_avx2, relu_dropout_backward_avx2, sgd_avx2},
+                              {dropout_portable, relu_dropout_backward_portable, sgd_portable});
+}
+
+namespace {
+const ElementKernels& process_kernels() {
+  static const ElementKernels kernels = element_kernels(kernel_isa());
+  return kernels;
+}
+}  // namespace
+
 void dropout_forward(const DropoutKey& key, const std::uint32_t* samples, std::uint32_t batch, RandomStream stream,
                      std::uint32_t elements, float p, float* x) {
-  static const auto variant = for_isa(dropout_avx512, dropout_avx2, dropout_portable);
-  variant(key, samples, batch, stream, elements, p, x);
+  process_kernels().dropout_forward(key, samples, batch, stream, elements, p, x);
 }
 
 void relu_dropout_backward(const float* out, float scale, std::size_t count, float* d) {
-  static const auto variant =
-      for_isa(relu_dropout_backward_avx512, relu_dropout_backward_avx2, relu_dropout_backward_portable);
-  variant(out, scale, count, d);
+  process_kernels().relu_dropout_backward(out, scale, count, d);
 }
 
 void log_softmax_nll(const float* logits, const std::uint8_t* labels, std::uint32_t batch, float denominator,
@@ -188,8 +198,7 @@ void log_softmax_nll(const float* logits, const std::uint8_t* labels, std::uint3
 
 void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdOptions& options,
                 bool first_step) {
-  static const auto variant = for_isa(sgd_avx512, sgd_avx2, sgd_portable);
-  variant(params, grads, momentum, count, options, first_step);
+  process_kernels().sgd_update(params, grads, momentum, count, options, first_step);
 }
 
 }  // namespace mnist_mt::cpu

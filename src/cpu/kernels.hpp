@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "isa.hpp"
 #include "mnist_mt/philox.hpp"
 #include "mnist_mt/replica.hpp"
 
@@ -36,5 +37,15 @@ void log_softmax_nll(const float* logits, const std::uint8_t* labels, std::uint3
 // when first_step; p -= lr*buf.
 void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdOptions& options,
                 bool first_step);
+
+// The variants of dropout_forward, relu_dropout_backward and sgd_update for one ISA; the
+// functions above run those of kernel_isa().
+struct ElementKernels {
+  void (*dropout_forward)(const DropoutKey&, const std::uint32_t*, std::uint32_t, RandomStream, std::uint32_t, float,
+                          float*);
+  void (*relu_dropout_backward)(const float*, float, std::size_t, float*);
+  void (*sgd_update)(float*, const float*, float*, std::size_t, const SgdOptions&, bool);
+};
+ElementKernels element_kernels(Isa isa);
 
 }  // namespace mnist_mt::cpu

@@ -12,6 +12,7 @@
 #include "aligned.hpp"
 #include "conv2_winograd.hpp"
 #include "isa.hpp"
+#include "step.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/model.hpp"
 
@@ -44,26 +45,6 @@ struct Buffers {
   Aligned<std::uint8_t> labels;
   Aligned<std::uint32_t> samples;
 };
-// The operations of a step, in order; each is timed (take_profile) and has one entry in a
-// plan's kernel list. Weight reorders are part of the convolution pass they serve.
-enum Op : int {
-  kInputOp, kConv1Forward, kConv2Forward, kPoolForward, kDropout1Forward, kFc1Forward, kDropout2Forward,
-  kFc2Forward, kLossOp, kFc2BackwardWeights, kFc2BackwardData, kDropout2Backward, kFc1BackwardWeights,
-  kFc1BackwardData, kDropout1Backward, kPoolBackward, kConv2Backward, kConv1BackwardWeights, kSgdOp, kOpCount
-};
-constexpr std::array<const char*, kOpCount> kOpNames{
-    "input (normalise)",     "conv1 forward (+ReLU)",      "conv2 forward",          "ReLU + pool forward",
-    "dropout1 forward",      "fc1 forward (+ReLU)",        "dropout2 forward",       "fc2 forward",
-    "log_softmax + NLL",     "fc2 backward_weights",       "fc2 backward_data",      "dropout2 + ReLU backward",
-    "fc1 backward_weights",  "fc1 backward_data",          "dropout1 backward",      "ReLU + pool backward",
-    "conv2 backward (weights + data)", "ReLU + conv1 backward_weights", "SGD"};
-
-// A primitive with its arguments, run through the C API so a step allocates nothing.
-struct Step {
-  dnnl::primitive primitive;
-  std::vector<dnnl_exec_arg_t> args;
-  Op op = kOpCount;  // the operation it is (part of)
-};
 
 // Every primitive for one batch size, bound to the replica's buffers.
 struct Plan {
@@ -79,9 +60,6 @@ struct Plan {
 std::unique_ptr<Plan> build_plan(const dnnl::engine& engine, std::uint32_t batch, Isa isa, const Buffers& buf,
                                  float* params, float* grads);
 
-// Runs primitives on `stream`; a failure throws RuntimeFailure naming the operation and
-// oneDNN's status.
-void run(const Step& step, const dnnl::stream& stream);
 void run(const std::vector<Step>& steps, const dnnl::stream& stream);
 
 }  // namespace mnist_mt::cpu

@@ -26,14 +26,14 @@ template <std::size_t B>
           const Vec<B> v[4] = {load<B>(q), load<B>(q + B), load<B>(q + kIn * B), load<B>(q + (kIn + 1) * B)};
           Vec<B> best = v[0];
           Mask<B> which{};
+          // As PyTorch: a NaN is a maximum and passes the ReLU, which sends it no gradient.
           for (int k = 1; k < 4; ++k) {
-            const Mask<B> greater = v[k] > best;
+            const Mask<B> greater = (v[k] > best) | (v[k] != v[k]);
             best = greater ? v[k] : best;
             which = greater ? Mask<B>{} + k : which;
           }
-          const Mask<B> positive = best > 0;
-          which = positive ? which : Mask<B>{} + kPoolNoGradient;
-          const Vec<B> value = positive ? best : Vec<B>{};
+          which = best > 0 ? which : Mask<B>{} + kPoolNoGradient;
+          const Vec<B> value = best <= 0 ? Vec<B>{} : best;
           for (std::size_t c = 0; c < B; ++c) {
             row[px][c] = value[c];
             idx[(py * kOut + px) * B + c] = static_cast<std::uint8_t>(which[c]);
@@ -95,12 +95,8 @@ void backward_portable(const float* d_out, const std::uint8_t* argmax, std::uint
 }  // namespace
 
 PoolKernels pool_kernels(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512: return {forward_avx512, backward_avx512};
-    case Isa::kAvx2: return {forward_avx2, backward_avx2};
-    case Isa::kPortable: break;
-  }
-  return {forward_portable, backward_portable};
+  return pick<PoolKernels>(isa, {forward_avx512, backward_avx512}, {forward_avx2, backward_avx2},
+                          {forward_portable, backward_portable});
 }
 
 }  // namespace mnist_mt::cpu

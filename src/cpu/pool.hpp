@@ -10,7 +10,8 @@
 namespace mnist_mt::cpu {
 
 // Where the gradient of a pooled value goes: 0..3 is the window's first maximum in
-// row-major order; kPoolNoGradient when that maximum is <= 0 (the ReLU cut it).
+// row-major order (or its last NaN, as PyTorch's); kPoolNoGradient when that maximum is
+// not > 0 (the ReLU cut it, or it is NaN).
 inline constexpr std::uint8_t kPoolNoGradient = 4;
 
 struct PoolKernels {

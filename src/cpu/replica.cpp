@@ -7,6 +7,7 @@
 // state-dict order.
 #include "replica.hpp"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -184,9 +185,8 @@ class CpuReplicaImpl final : public CpuReplica {
     std::vector<OpTime> out;
     run_sync([&] {
       for (int op = 0; op < kOpCount; ++op) {
-        out.push_back({kOpNames[op], plan_ != nullptr ? plan_->impl[op] : "", seconds_[op], calls_[op]});
+        out.push_back({kOpNames[op], plan_ != nullptr ? plan_->impl[op] : "", seconds_[op]});
         seconds_[op] = 0;
-        calls_[op] = 0;
       }
     });
     return out;
@@ -239,7 +239,6 @@ class CpuReplicaImpl final : public CpuReplica {
     const auto start = std::chrono::steady_clock::now();
     work();
     seconds_[op] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    ++calls_[op];
   }
 
   void copy_out(const float* from, std::span<float> out) {
@@ -313,12 +312,21 @@ class CpuReplicaImpl final : public CpuReplica {
   LossSums sums_;
   double samples_ = 0;
   std::array<double, kOpCount> seconds_{};
-  std::array<std::uint64_t, kOpCount> calls_{};
 };
 
 }  // namespace
 
-bool is_reference(std::string_view impl) { return impl.find("ref") != std::string_view::npos; }
+bool is_reference(std::string_view impl) {
+  // Words are separated by the ':', ' ', '+' and ',' of implementation strings.
+  std::size_t start = 0;
+  while (start < impl.size()) {
+    const std::size_t end = std::min(impl.find_first_of(":+, ", start), impl.size());
+    const std::string_view word = impl.substr(start, end - start);
+    if (word == "ref" || word.starts_with("ref_")) return true;
+    start = end + 1;
+  }
+  return false;
+}
 
 std::unique_ptr<CpuReplica> make_cpu_replica(CpuDevice& device, std::uint32_t max_batch) {
   return std::make_unique<CpuReplicaImpl>(device, max_batch);

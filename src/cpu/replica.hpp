@@ -23,7 +23,6 @@ struct OpTime {
   std::string op;
   std::string impl;  // of the plan used last
   double seconds = 0;
-  std::uint64_t calls = 0;
 };
 
 class CpuReplica : public Replica {
@@ -34,7 +33,8 @@ class CpuReplica : public Replica {
   virtual std::vector<OpTime> take_profile() = 0;
 };
 
-// Whether oneDNN's implementation string names a reference (unoptimised) one.
+// Whether an implementation string names one of oneDNN's reference (unoptimised)
+// implementations: a word "ref" or "ref_..." (as in "ref:any", "gemm:ref").
 bool is_reference(std::string_view impl);
 
 // Builds the oneDNN primitives for batch `max_batch` on the device's compute stream

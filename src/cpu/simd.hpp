@@ -1,12 +1,11 @@
 #pragma once
 // Vectors of B floats (GCC vector extensions) for the own kernels, and the attributes that
 // compile one body per instruction set. A kernel is a template over B, always inlined
-// into three entry points: AVX-512 (B = 16), AVX2 (B = 8) and portable (B = 8, which GCC
-// lowers to SSE2); isa.hpp picks one of them once per process.
+// into three entry points: AVX-512 (B = 16), AVX2 (B = 8) and portable (SSE2: B = 8,
+// which GCC lowers to pairs of registers, or 4); isa.hpp picks one of them once per
+// process. Vectors wider than the baseline only pass between always-inlined functions,
+// so GCC's -Wpsabi notes about their calling convention (off in meson.build) do not apply.
 #include <cstddef>
-
-// Vectors wider than the baseline ISA are only ever passed inside always-inlined code.
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace mnist_mt::cpu {
 

@@ -188,13 +188,9 @@ void input_grad_portable(const float* dv, std::uint32_t n, float* d) { input_gra
 }  // namespace
 
 WinogradKernels winograd_kernels(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return {weights, input_avx512, output_grad_avx512, input_grad_avx512, weights_grad};
-    case Isa::kAvx2: return {weights, input_avx2, output_grad_avx2, input_grad_avx2, weights_grad};
-    case Isa::kPortable: break;
-  }
-  return {weights, input_portable, output_grad_portable, input_grad_portable, weights_grad};
+  return pick<WinogradKernels>(isa, {weights, input_avx512, output_grad_avx512, input_grad_avx512, weights_grad},
+                               {weights, input_avx2, output_grad_avx2, input_grad_avx2, weights_grad},
+                               {weights, input_portable, output_grad_portable, input_grad_portable, weights_grad});
 }
 
 }  // namespace mnist_mt::cpu
