@@ -11,6 +11,17 @@ constexpr std::size_t kIn = kConv2Side, kOut = kPoolSide, kPlane = kOut * kOut;
 template <std::size_t B>
 using Mask = decltype(Vec<B>{} < Vec<B>{});
 
+// One window as PyTorch's max_pool2d of ReLU sees it: a NaN is a maximum (the last one
+// wins), passes the ReLU as NaN and gets no gradient from it. For the rows with a NaN.
+inline void exact_window(const float* v, float& value, std::uint8_t& which) {
+  std::uint8_t best = 0;
+  for (std::uint8_t k = 1; k < 4; ++k)
+    if (v[k] > v[best] || v[k] != v[k]) best = k;
+  const float m = v[best];
+  value = m != m ? m : m > 0 ? m : 0.0f;
+  which = m > 0 ? best : kPoolNoGradient;
+}
+
 template <std::size_t B>
 [[gnu::always_inline]] inline void forward(const float* in, std::uint32_t batch, float* out, std::uint8_t* argmax) {
   constexpr std::size_t kBlocks = kConv2Channels / B;
@@ -21,24 +32,34 @@ template <std::size_t B>
       std::uint8_t* idx = argmax + (n * kBlocks + cb) * kPlane * B;
       for (std::size_t py = 0; py < kOut; ++py) {
         float row[kOut][B];
+        Vec<B> sum{};  // NaN (or an infinity's overflow) where a NaN may be: checked per row
         for (std::size_t px = 0; px < kOut; ++px) {
           const float* q = src + (2 * py * kIn + 2 * px) * B;
           const Vec<B> v[4] = {load<B>(q), load<B>(q + B), load<B>(q + kIn * B), load<B>(q + (kIn + 1) * B)};
           Vec<B> best = v[0];
           Mask<B> which{};
-          // As PyTorch: a NaN is a maximum and passes the ReLU, which sends it no gradient.
           for (int k = 1; k < 4; ++k) {
-            const Mask<B> greater = (v[k] > best) | (v[k] != v[k]);
+            const Mask<B> greater = v[k] > best;
             best = greater ? v[k] : best;
             which = greater ? Mask<B>{} + k : which;
           }
-          which = best > 0 ? which : Mask<B>{} + kPoolNoGradient;
-          const Vec<B> value = best <= 0 ? Vec<B>{} : best;
+          sum += (v[0] + v[1]) + (v[2] + v[3]);
+          const Mask<B> positive = best > 0;
+          which = positive ? which : Mask<B>{} + kPoolNoGradient;
+          const Vec<B> value = positive ? best : Vec<B>{};
           for (std::size_t c = 0; c < B; ++c) {
             row[px][c] = value[c];
             idx[(py * kOut + px) * B + c] = static_cast<std::uint8_t>(which[c]);
           }
         }
+        const Mask<B> suspect = sum != sum;
+        for (std::size_t c = 0; c < B; ++c)
+          if (suspect[c])  // rare: redo this channel's row window by window
+            for (std::size_t px = 0; px < kOut; ++px) {
+              const float* q = src + (2 * py * kIn + 2 * px) * B + c;
+              const float v[4] = {q[0], q[B], q[kIn * B], q[(kIn + 1) * B]};
+              exact_window(v, row[px][c], idx[(py * kOut + px) * B + c]);
+            }
         for (std::size_t c = 0; c < B; ++c)
           for (std::size_t px = 0; px < kOut; ++px) dst[c * kPlane + py * kOut + px] = row[px][c];
       }
