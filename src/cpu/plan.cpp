@@ -54,17 +54,13 @@ class PlanBuilder {
   }
 
   // `user` itself when `wanted` is its layout; otherwise a buffer of the plan in the
-  // wanted layout, and in `steps` a reorder between the two (user -> buffer when
-  // `into_wanted`, else buffer -> user).
-  memory bridge(Op op, const memory& user, const memory::desc& wanted, bool into_wanted,
-                std::vector<Step>& steps) {
+  // wanted layout, filled by a reorder from `user` that is added to `steps`.
+  memory reordered(Op op, const memory& user, const memory::desc& wanted, std::vector<Step>& steps) {
     if (wanted == user.get_desc()) return user;
     auto& owned = plan_.owned.emplace_back(aligned_zeros<float>(wanted.get_size() / sizeof(float)));
     const memory buffer = plan_.memories.emplace_back(wanted, engine_, owned.get());
-    const memory& from = into_wanted ? user : buffer;
-    const memory& to = into_wanted ? buffer : user;
-    steps.push_back(step(op, dnnl::reorder::primitive_desc(engine_, from.get_desc(), engine_, to.get_desc()),
-                         {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}}, "reorder "));
+    steps.push_back(step(op, dnnl::reorder::primitive_desc(engine_, user.get_desc(), engine_, wanted),
+                         {{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, buffer}}, "reorder "));
     return buffer;
   }
 
@@ -94,9 +90,10 @@ void add_conv2_forward(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, 
   const std::size_t act2_count = cap * kConv2Channels * kConv2Side * kConv2Side;
   const memory a1 = b.bind(a1_md, buf.act1, act1_count), a2 = b.bind(a2_md, buf.act2, act2_count);
   const auto view = [&](int i, float* base) { return b.view(kParams[i], base); };
-  const memory w2 = b.bridge(kConv2Forward, view(2, params), fwd.weights_desc(), true, plan.weights_to_forward);
+  const memory w2 = b.reordered(kConv2Forward, view(2, params), fwd.weights_desc(), plan.weights_to_forward);
   plan.conv2 = b.step(kConv2Forward, fwd,
-                      {{DNNL_ARG_SRC, a1}, {DNNL_ARG_WEIGHTS, w2}, {DNNL_ARG_BIAS, view(3, params)}, {DNNL_ARG_DST, a2}});
+                      {{DNNL_ARG_SRC, a1}, {DNNL_ARG_WEIGHTS, w2}, {DNNL_ARG_BIAS, view(3, params)},
+                       {DNNL_ARG_DST, a2}});
 }
 
 // fc1 (ReLU fused) and fc2 through oneDNN's inner products, on PyTorch's flatten order:

@@ -49,14 +49,15 @@ struct Buffers {
 // Every primitive for one batch size, bound to the replica's buffers.
 struct Plan {
   std::uint32_t batch = 0;
-  std::vector<dnnl::memory> memories;     // keeps the memory objects behind Step::args alive
-  std::vector<Aligned<float>> owned;  // conv2's weights in oneDNN's layouts
+  std::vector<dnnl::memory> memories;  // keeps the memory objects behind Step::args alive
+  std::vector<Aligned<float>> owned;   // conv2's weights in oneDNN's layout
   std::vector<Step> weights_to_forward;  // conv2's weights: state-dict layout -> forward layout
   Step conv2, fc1, fc2;
   Step fc2_backward_weights, fc2_backward_data, fc1_backward_weights, fc1_backward_data;
   std::unique_ptr<Conv2WinogradBackward> conv2_backward;
   std::array<std::string, kOpCount> impl;  // what runs each operation: oneDNN's implementation or ours
 };
+
 std::unique_ptr<Plan> build_plan(const dnnl::engine& engine, std::uint32_t batch, Isa isa, const Buffers& buf,
                                  float* params, float* grads);
 

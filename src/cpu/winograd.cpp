@@ -122,7 +122,8 @@ template <std::size_t B>
           for (std::size_t j = 0; j < 6; ++j) d[i][j] = load<B>(a1 + at_blocked<B>(kIc, kIn, n, cb, y0 + i, x0 + j));
         separable<ByBt>(d, r);
         float* out = v + (n * kWinoTiles + t) * kIc + cb * B;
-        for (std::size_t xi = 0; xi < kWinoPositions; ++xi) store<B>(out + xi * wino_plane(tiles, kIc), r[xi / 6][xi % 6]);
+        for (std::size_t xi = 0; xi < kWinoPositions; ++xi)
+          store<B>(out + xi * wino_plane(tiles, kIc), r[xi / 6][xi % 6]);
       }
 }
 
@@ -142,7 +143,8 @@ template <std::size_t B>
           }
         separable<ByA>(dy, r);
         float* out = z + (n * kWinoTiles + t) * kOc + cb * B;
-        for (std::size_t xi = 0; xi < kWinoPositions; ++xi) store<B>(out + xi * wino_plane(tiles, kOc), r[xi / 6][xi % 6]);
+        for (std::size_t xi = 0; xi < kWinoPositions; ++xi)
+          store<B>(out + xi * wino_plane(tiles, kOc), r[xi / 6][xi % 6]);
       }
     for (std::size_t c = 0; c < B; ++c) db[cb * B + c] += sum[c];
   }
@@ -159,7 +161,8 @@ template <std::size_t B>
         const std::size_t ty = t / kTileRow, tx = t % kTileRow;
         const float* in = dv + (n * kWinoTiles + t) * kIc + cb * B;
         Vec<B> q[6][6], r[6][6];
-        for (std::size_t xi = 0; xi < kWinoPositions; ++xi) q[xi / 6][xi % 6] = load<B>(in + xi * wino_plane(tiles, kIc));
+        for (std::size_t xi = 0; xi < kWinoPositions; ++xi)
+          q[xi / 6][xi % 6] = load<B>(in + xi * wino_plane(tiles, kIc));
         separable<ByB>(q, r);
         for (std::size_t i = 0; i < 6; ++i)
           for (std::size_t j = 0; j < 6; ++j) {
