@@ -62,27 +62,13 @@ template <std::size_t B>
   }
 }
 
-MNIST_MT_AVX512 void forward_avx512(const float* x, const float* w, const float* b, std::uint32_t batch, float* out) {
-  forward<16>(x, w, b, batch, out);
-}
-MNIST_MT_AVX2 void forward_avx2(const float* x, const float* w, const float* b, std::uint32_t batch, float* out) {
-  forward<8>(x, w, b, batch, out);
-}
-void forward_portable(const float* x, const float* w, const float* b, std::uint32_t batch, float* out) {
-  forward<8>(x, w, b, batch, out);
-}
-MNIST_MT_AVX512 void backward_weights_avx512(const float* x, const float* out, const float* d_out,
-                                             std::uint32_t batch, float* dw, float* db) {
-  backward_weights<16>(x, out, d_out, batch, dw, db);
-}
-MNIST_MT_AVX2 void backward_weights_avx2(const float* x, const float* out, const float* d_out, std::uint32_t batch,
-                                         float* dw, float* db) {
-  backward_weights<8>(x, out, d_out, batch, dw, db);
-}
-void backward_weights_portable(const float* x, const float* out, const float* d_out, std::uint32_t batch, float* dw,
-                               float* db) {
-  backward_weights<8>(x, out, d_out, batch, dw, db);
-}
+MNIST_MT_ISA_VARIANTS(forward, forward,
+                      (const float* x, const float* w, const float* b, std::uint32_t batch, float* out),
+                      (x, w, b, batch, out))
+MNIST_MT_ISA_VARIANTS(backward_weights, backward_weights,
+                      (const float* x, const float* out, const float* d_out, std::uint32_t batch, float* dw,
+                       float* db),
+                      (x, out, d_out, batch, dw, db))
 
 }  // namespace
 

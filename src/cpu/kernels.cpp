@@ -129,22 +129,16 @@ template <std::size_t>  // auto-vectorised
   }
 }
 
-// One entry point per instruction set for each body above.
-#define MNIST_MT_VARIANTS(name, body, params, args)                \
-  MNIST_MT_AVX512 void name##_avx512 params { body<16> args; } \
-  MNIST_MT_AVX2 void name##_avx2 params { body<8> args; }      \
-  void name##_portable params { body<4> args; }
-MNIST_MT_VARIANTS(dropout, dropout_body,
-                  (const DropoutKey& key, const std::uint32_t* samples, std::uint32_t batch, RandomStream stream,
-                   std::uint32_t elements, float p, float* x),
-                  (key, samples, batch, stream, elements, p, x))
-MNIST_MT_VARIANTS(relu_dropout_backward, relu_dropout_backward_body,
-                  (const float* out, float scale, std::size_t count, float* d), (out, scale, count, d))
-MNIST_MT_VARIANTS(sgd, sgd_body,
-                  (float* params, const float* grads, float* momentum, std::size_t count, const SgdOptions& options,
-                   bool first_step),
-                  (params, grads, momentum, count, options, first_step))
-#undef MNIST_MT_VARIANTS
+MNIST_MT_ISA_VARIANTS(dropout, dropout_body,
+                      (const DropoutKey& key, const std::uint32_t* samples, std::uint32_t batch,
+                       RandomStream stream, std::uint32_t elements, float p, float* x),
+                      (key, samples, batch, stream, elements, p, x))
+MNIST_MT_ISA_VARIANTS(relu_dropout_backward, relu_dropout_backward_body,
+                      (const float* out, float scale, std::size_t count, float* d), (out, scale, count, d))
+MNIST_MT_ISA_VARIANTS(sgd, sgd_body,
+                      (float* params, const float* grads, float* momentum, std::size_t count,
+                       const SgdOptions& options, bool first_step),
+                      (params, grads, momentum, count, options, first_step))
 
 }  // namespace
 

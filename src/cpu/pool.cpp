@@ -93,25 +93,11 @@ template <std::size_t B>
     }
 }
 
-MNIST_MT_AVX512 void forward_avx512(const float* in, std::uint32_t batch, float* out, std::uint8_t* argmax) {
-  forward<16>(in, batch, out, argmax);
-}
-MNIST_MT_AVX2 void forward_avx2(const float* in, std::uint32_t batch, float* out, std::uint8_t* argmax) {
-  forward<8>(in, batch, out, argmax);
-}
-void forward_portable(const float* in, std::uint32_t batch, float* out, std::uint8_t* argmax) {
-  forward<8>(in, batch, out, argmax);
-}
-MNIST_MT_AVX512 void backward_avx512(const float* d_out, const std::uint8_t* argmax, std::uint32_t batch,
-                                     float* d_in) {
-  backward<16>(d_out, argmax, batch, d_in);
-}
-MNIST_MT_AVX2 void backward_avx2(const float* d_out, const std::uint8_t* argmax, std::uint32_t batch, float* d_in) {
-  backward<8>(d_out, argmax, batch, d_in);
-}
-void backward_portable(const float* d_out, const std::uint8_t* argmax, std::uint32_t batch, float* d_in) {
-  backward<8>(d_out, argmax, batch, d_in);
-}
+MNIST_MT_ISA_VARIANTS(forward, forward, (const float* in, std::uint32_t batch, float* out, std::uint8_t* argmax),
+                      (in, batch, out, argmax))
+MNIST_MT_ISA_VARIANTS(backward, backward,
+                      (const float* d_out, const std::uint8_t* argmax, std::uint32_t batch, float* d_in),
+                      (d_out, argmax, batch, d_in))
 
 }  // namespace
 

@@ -1,9 +1,9 @@
 #pragma once
 // Vectors of B floats (GCC vector extensions) for the own kernels, and the attributes that
 // compile one body per instruction set. A kernel is a template over B, always inlined
-// into three entry points: AVX-512 (B = 16), AVX2 (B = 8) and portable (SSE2: B = 8,
-// which GCC lowers to pairs of registers, or 4); isa.hpp picks one of them once per
-// process. Vectors wider than the baseline only pass between always-inlined functions,
+// into three entry points (MNIST_MT_ISA_VARIANTS): AVX-512 (B = 16), AVX2 (B = 8) and
+// portable (SSE2: B = 8, which GCC lowers to pairs of registers); isa.hpp picks one of
+// them once per process. Vectors wider than the baseline only pass between always-inlined functions,
 // so GCC's -Wpsabi notes about their calling convention (off in meson.build) do not apply.
 #include <cstddef>
 
@@ -31,3 +31,10 @@ template <std::size_t B>
 
 #define MNIST_MT_AVX512 [[gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]]
 #define MNIST_MT_AVX2 [[gnu::target("avx2,fma")]]
+
+// The three entry points name_avx512, name_avx2 and name_portable of the always-inlined
+// template body<B>, with B the ISA's channel_block (isa.hpp): 16, 8 and 8.
+#define MNIST_MT_ISA_VARIANTS(name, body, params, args)       \
+  MNIST_MT_AVX512 void name##_avx512 params { body<16> args; } \
+  MNIST_MT_AVX2 void name##_avx2 params { body<8> args; }      \
+  void name##_portable params { body<8> args; }

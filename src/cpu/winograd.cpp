@@ -174,19 +174,10 @@ template <std::size_t B>
     }
 }
 
-MNIST_MT_AVX512 void input_avx512(const float* a1, std::uint32_t n, float* v) { input<16>(a1, n, v); }
-MNIST_MT_AVX2 void input_avx2(const float* a1, std::uint32_t n, float* v) { input<8>(a1, n, v); }
-void input_portable(const float* a1, std::uint32_t n, float* v) { input<8>(a1, n, v); }
-MNIST_MT_AVX512 void output_grad_avx512(const float* d, std::uint32_t n, float* z, double* db) {
-  output_grad<16>(d, n, z, db);
-}
-MNIST_MT_AVX2 void output_grad_avx2(const float* d, std::uint32_t n, float* z, double* db) {
-  output_grad<8>(d, n, z, db);
-}
-void output_grad_portable(const float* d, std::uint32_t n, float* z, double* db) { output_grad<8>(d, n, z, db); }
-MNIST_MT_AVX512 void input_grad_avx512(const float* dv, std::uint32_t n, float* d) { input_grad<16>(dv, n, d); }
-MNIST_MT_AVX2 void input_grad_avx2(const float* dv, std::uint32_t n, float* d) { input_grad<8>(dv, n, d); }
-void input_grad_portable(const float* dv, std::uint32_t n, float* d) { input_grad<8>(dv, n, d); }
+MNIST_MT_ISA_VARIANTS(input, input, (const float* a1, std::uint32_t n, float* v), (a1, n, v))
+MNIST_MT_ISA_VARIANTS(output_grad, output_grad, (const float* d, std::uint32_t n, float* z, double* db),
+                      (d, n, z, db))
+MNIST_MT_ISA_VARIANTS(input_grad, input_grad, (const float* dv, std::uint32_t n, float* d), (dv, n, d))
 
 }  // namespace
 
