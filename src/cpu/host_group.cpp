@@ -1,0 +1,155 @@
+#include "host_group.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "mnist_mt/error.hpp"
+
+namespace mnist_mt::cpu {
+namespace {
+
+struct Chunk {
+  std::size_t begin;
+  std::size_t count;
+};
+
+// memcpy of floats; a no-op for none, whose pointers may be null.
+void copy(float* to, const float* from, std::size_t count) {
+  if (count > 0) std::memcpy(to, from, count * sizeof(float));
+}
+
+// Rank r's share of [0, count), in whole 64-byte lines so that two ranks rarely write
+// one cache line.
+Chunk chunk_of(std::size_t count, int rank, int world) {
+  constexpr std::size_t kLine = 64 / sizeof(float);
+  const std::size_t w = static_cast<std::size_t>(world);
+  const std::size_t per = ((count + w - 1) / w + kLine - 1) / kLine * kLine;
+  const std::size_t begin = std::min(count, per * static_cast<std::size_t>(rank));
+  return {begin, std::min(count, begin + per) - begin};
+}
+
+// out[i] = (((in[0][i] + in[1][i]) + in[2][i]) + ...) for i in the chunk, divided by W
+// for an average. The order of additions never depends on the chunk, hence the
+// reproducibility; the block keeps the loop vectorised and lets `out` alias an input.
+void reduce_chunk(std::span<float* const> in, Chunk chunk, float* out, ReduceOp op) {
+  constexpr std::size_t kBlock = 1024;
+  alignas(64) float acc[kBlock];
+  const float world = static_cast<float>(in.size());
+  for (std::size_t b = chunk.begin; b < chunk.begin + chunk.count; b += kBlock) {
+    const std::size_t n = std::min(kBlock, chunk.begin + chunk.count - b);
+    std::copy_n(in[0] + b, n, acc);
+    for (std::size_t s = 1; s < in.size(); ++s) {
+      const float* x = in[s] + b;
+      for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
+    }
+    if (op == ReduceOp::kAverage) {
+      for (std::size_t i = 0; i < n; ++i) acc[i] /= world;
+    }
+    std::copy_n(acc, n, out + b);
+  }
+}
+
+}  // namespace
+
+void HostGroup::barrier() {
+  std::unique_lock lock(mutex_);
+  if (aborted_) throw Aborted("collective aborted: a peer failed");
+  const std::uint64_t generation = generation_;
+  if (++waiting_ == size_) {
+    waiting_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return;
+  }
+  cv_.wait(lock, [&] { return aborted_ || generation_ != generation; });
+  if (generation_ == generation) throw Aborted("collective aborted: a peer failed");
+}
+
+void HostGroup::abort() {
+  {
+    std::lock_guard lock(mutex_);
+    aborted_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool HostGroup::aborted() const {
+  std::lock_guard lock(mutex_);
+  return aborted_;
+}
+
+// Reduce-scatter (rank r sums chunk r of every buffer into its own), then all-gather.
+void HostGroup::allreduce(int rank, float* data, std::size_t count, ReduceOp op) {
+  collective([&] {
+    if (size_ == 1) return barrier();  // the identity; the barrier still reports an abort
+    buffers_[rank] = data;
+    barrier();
+    const Chunk mine = chunk_of(count, rank, size_);
+    reduce_chunk(buffers_, mine, data, op);
+    barrier();
+    for (int s = 0; s < size_; ++s) {
+      if (s == rank) continue;
+      const Chunk theirs = chunk_of(count, s, size_);
+      copy(data + theirs.begin, buffers_[s] + theirs.begin, theirs.count);
+    }
+    barrier();  // peers have read our chunk before our buffer may change
+  });
+}
+
+void HostGroup::broadcast(int rank, float* data, std::size_t count, int root) {
+  collective([&] {
+    buffers_[rank] = data;
+    barrier();
+    if (rank != root) copy(data, buffers_[root], count);
+    barrier();
+  });
+}
+
+// Each rank sums its chunk straight into root's buffer.
+void HostGroup::reduce(int rank, float* data, std::size_t count, ReduceOp op, int root) {
+  collective([&] {
+    if (size_ == 1) return barrier();
+    buffers_[rank] = data;
+    barrier();
+    reduce_chunk(buffers_, chunk_of(count, rank, size_), buffers_[root], op);
+    barrier();
+  });
+}
+
+void HostGroup::allreduce_host(int rank, std::span<double> data) {
+  collective([&] {
+    host_buffers_[rank] = data.data();
+    barrier();
+    std::vector<double> sum(host_buffers_[0], host_buffers_[0] + data.size());
+    for (int s = 1; s < size_; ++s) {
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += host_buffers_[s][i];
+    }
+    barrier();
+    std::copy(sum.begin(), sum.end(), data.begin());
+  });
+}
+
+// One rank's part of a collective. A rank that leaves it early (released by an abort,
+// or failing) aborts the group and then waits for every peer to leave too: until then
+// a peer may still be reading or writing its buffer, which its owner frees next.
+template <typename Body>
+void HostGroup::collective(Body&& body) {
+  {
+    std::lock_guard lock(mutex_);
+    ++inside_;
+  }
+  try {
+    body();
+  } catch (...) {
+    std::unique_lock lock(mutex_);
+    aborted_ = true;  // peers still in this collective could never complete it
+    --inside_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return inside_ == 0; });
+    throw;
+  }
+  std::lock_guard lock(mutex_);
+  if (--inside_ == 0) cv_.notify_all();
+}
+
+}  // namespace mnist_mt::cpu

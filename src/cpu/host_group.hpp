@@ -1,0 +1,54 @@
+#pragma once
+// The ranks of one process meeting over host memory: an abortable barrier and the
+// collectives built on it (DESIGN.md decisions 1 and 6). The CPU communicator runs them
+// on its ranks' comm streams; the CUDA backend runs them on host threads for ranks that
+// share a GPU, through pinned staging buffers.
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "mnist_mt/communicator.hpp"
+
+namespace mnist_mt::cpu {
+
+// Every method but abort() runs on a thread of its rank, inside a collective that all
+// ranks enter in the same order. Sums add each element in rank order 0..W-1 whatever the
+// count or chunking, so results are bitwise reproducible; an average is that sum / W.
+class HostGroup {
+ public:
+  explicit HostGroup(int size) : size_(size), buffers_(size), host_buffers_(size) {}
+  int size() const { return size_; }
+
+  void barrier();
+  // Any thread: releases every rank waiting in a collective, now or later, with Aborted.
+  void abort();
+  bool aborted() const;
+
+  void allreduce(int rank, float* data, std::size_t count, ReduceOp op);
+  void broadcast(int rank, float* data, std::size_t count, int root);
+  // The result lands in root's buffer only.
+  void reduce(int rank, float* data, std::size_t count, ReduceOp op, int root);
+  // Few values: every rank sums all of them, in rank order.
+  void allreduce_host(int rank, std::span<double> data);
+
+ private:
+  template <typename Body>
+  void collective(Body&& body);
+
+  const int size_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  int waiting_ = 0;
+  int inside_ = 0;  // ranks between the start and the end of a collective
+  std::uint64_t generation_ = 0;
+  bool aborted_ = false;
+  // The current collective's buffer of each rank: written by that rank before the first
+  // barrier, read by the others only between the first and the last.
+  std::vector<float*> buffers_;
+  std::vector<double*> host_buffers_;
+};
+
+}  // namespace mnist_mt::cpu
