@@ -19,22 +19,13 @@
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/trainer.hpp"
+#include "train_fixture.hpp"
 
 namespace mnist_mt {
 namespace {
 
-// Uniform noise. Plain regions (a blank background, a bright square) make near-ties in
-// max-pool that rounding decides, which the comparisons below would measure instead of
-// the trainer.
-Split noise_split(std::uint32_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  Split s;
-  s.images.resize(std::size_t{n} * kImageBytes);
-  s.labels.resize(n);
-  for (auto& label : s.labels) label = static_cast<std::uint8_t>(rng() % kClasses);
-  for (auto& pixel : s.images) pixel = static_cast<std::uint8_t>(rng());
-  return s;
-}
+using testing_fixture::noise_split;
+using testing_fixture::relative_difference;
 
 const Dataset& dataset() {
   static const Dataset data{noise_split(640, 1), noise_split(101, 2)};
@@ -59,22 +50,6 @@ TrainConfig config_for(int world, std::uint32_t batch) {
 TrainResult run(const TrainConfig& config) {
   auto backend = make_cpu_backend({});
   return train(*backend, dataset(), config);
-}
-
-// The worst over the parameter tensors of |a - b| / |b| (Euclidean norms). Norms, not
-// elements: rounding differences may flip a max-pool choice between near-equal inputs,
-// which moves a few single weights by more while the tensor stays as close.
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double worst = 0;
-  for (const ParamInfo& p : kParams) {
-    double diff = 0, norm = 0;
-    for (std::size_t i = p.offset; i < p.offset + p.count; ++i) {
-      diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
-      norm += double{b[i]} * b[i];
-    }
-    worst = std::max(worst, std::sqrt(diff / norm));
-  }
-  return worst;
 }
 
 TEST(Buckets, FollowPyTorchsAssignmentInReverseLayerOrder) {
@@ -260,6 +235,22 @@ TEST(Trainer, ResumingFromACheckpointContinuesBitForBit) {
   EXPECT_EQ(resumed.params, straight.params);
   ASSERT_EQ(resumed.epochs.size(), 1u);
   EXPECT_EQ(resumed.epochs[0].epoch, 2u);
+}
+
+// Ranks may share a device (the CUDA backend then stages its collectives through host
+// memory, and its GPU tests place several ranks on one GPU): on CPU devices too, two
+// ranks on device 0 train what two devices do, which is what one rank of twice the
+// batch trains.
+TEST(Trainer, RanksSharingADeviceTrainWhatSeparateDevicesDo) {
+  for (Mode mode : {Mode::kDdp, Mode::kDp}) {
+    TrainConfig c = config_for(2, 8);
+    c.mode = mode;
+    const TrainResult separate = run(c);
+    c.devices = {0, 0};
+    const TrainResult shared = run(c);
+    EXPECT_EQ(shared.params, separate.params) << (mode == Mode::kDp ? "dp" : "ddp");
+    EXPECT_LE(relative_difference(shared.params, run(config_for(1, 16)).params), 1e-5);
+  }
 }
 
 TEST(Trainer, BadConfigIsAnInputError) {

@@ -25,7 +25,10 @@ struct FaultInjection {  // tests: rank `rank` throws at global step `step`
 
 struct TrainConfig {
   Mode mode = Mode::kDdp;
-  std::vector<int> devices;        // device ids; rank i drives devices[i]
+  // Device ids; rank i drives devices[i]. An id may repeat: ranks that share a GPU
+  // exchange gradients through pinned host memory instead of NCCL (slow, but it runs
+  // the multi-rank GPU code on a one-GPU host; the CLI refuses it).
+  std::vector<int> devices;
   std::uint32_t epochs = 1;
   std::uint32_t batch = 64;        // per device
   SgdOptions sgd;

@@ -2,14 +2,16 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <string>
 #include <utility>
 
 #include "errors.hpp"
 #include "mnist_mt/error.hpp"
+#include "mnist_mt/model.hpp"
+#include "staged_communicator.hpp"
 
 namespace mnist_mt::cuda {
 namespace {
@@ -19,15 +21,7 @@ class NcclGroup {
  public:
   explicit NcclGroup(std::span<CudaDevice* const> devices) {
     std::vector<int> ids;
-    for (CudaDevice* d : devices) {
-      ids.push_back(d->id());
-      d->join_group(aborted_);
-    }
-    // Connect every peer now rather than inside a rank's first collective: there the
-    // host thread would wait for its peers, and a peer that fails before it gets there
-    // would leave that thread inside NCCL while abort() frees the communicator. A value
-    // the user set wins.
-    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+    for (CudaDevice* d : devices) ids.push_back(d->id());
     comms_.resize(ids.size());
     NCCL_CHECK(ncclCommInitAll(comms_.data(), static_cast<int>(ids.size()), ids.data()));
   }
@@ -42,6 +36,8 @@ class NcclGroup {
 
   int size() const { return static_cast<int>(comms_.size()); }
   bool aborted() const { return aborted_->load(std::memory_order_acquire); }
+  // For the group's devices, which report it from their waits.
+  const std::shared_ptr<std::atomic<bool>>& aborted_flag() const { return aborted_; }
 
   // Runs call(rank's communicator) unless the group was aborted, which frees the
   // communicators: abort() waits for calls under way, so none of them uses a freed one.
@@ -52,6 +48,21 @@ class NcclGroup {
     if (aborted()) return false;
     call(comms_[static_cast<std::size_t>(rank)]);
     return true;
+  }
+
+  // Throws RuntimeFailure, after aborting the group, once NCCL has reported an
+  // asynchronous error on `rank`'s communicator (a failed peer connection, a remote error).
+  void check(int rank, const std::string& device) {
+    ncclResult_t state = ncclSuccess;
+    {
+      const std::shared_lock lock(mutex_);
+      if (aborted()) return;
+      NCCL_CHECK(ncclCommGetAsyncError(comms_[static_cast<std::size_t>(rank)], &state));
+    }
+    if (state == ncclSuccess || state == ncclInProgress) return;
+    abort();
+    throw RuntimeFailure(device + " rank " + std::to_string(rank) + ": NCCL reported " + ncclGetErrorString(state) +
+                         " while the rank waited for its streams; every communicator was aborted");
   }
 
   // The first call aborts every rank (kernels waiting for a peer return; the
@@ -79,10 +90,12 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(std::shared_ptr<NcclGroup> group, int rank, CudaDevice& device)
       : group_(std::move(group)),
         rank_(rank),
+        device_(device),
         device_id_(device.id()),
         stream_(device.comm()),
         barrier_scratch_(1),
-        host_scratch_(kHostChunk) {
+        host_scratch_(kHostChunk),
+        host_staging_(kHostChunk) {
     CUDA_CHECK(cudaMemset(barrier_scratch_.data(), 0, barrier_scratch_.bytes()));
   }
 
@@ -120,19 +133,22 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  // The copies stay outside nccl(): from pageable memory they wait for the comm stream,
-  // which only an abort may release.
+  // Through pinned memory, so the copies are truly asynchronous and ordered on the comm
+  // stream like the collective; the host waits by polling (CudaDevice::wait_stream).
   void allreduce_host(std::span<double> data) override {
     guarded([&] {
       CUDA_CHECK(cudaSetDevice(device_id_));
       double* scratch = host_scratch_.data();
+      double* staging = host_staging_.data();
       for (std::size_t at = 0; at < data.size(); at += kHostChunk) {
         const std::size_t n = std::min(kHostChunk, data.size() - at);
-        CUDA_CHECK(cudaMemcpyAsync(scratch, data.data() + at, n * sizeof(double), cudaMemcpyHostToDevice, stream_));
+        std::copy_n(data.data() + at, n, staging);
+        CUDA_CHECK(cudaMemcpyAsync(scratch, staging, n * sizeof(double), cudaMemcpyHostToDevice, stream_));
         nccl([&](ncclComm_t c) { NCCL_CHECK(ncclAllReduce(scratch, scratch, n, ncclDouble, ncclSum, c, stream_)); });
-        CUDA_CHECK(cudaMemcpyAsync(data.data() + at, scratch, n * sizeof(double), cudaMemcpyDeviceToHost, stream_));
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        CUDA_CHECK(cudaMemcpyAsync(staging, scratch, n * sizeof(double), cudaMemcpyDeviceToHost, stream_));
+        device_.wait_stream(stream_);
         throw_if_aborted();
+        std::copy_n(staging, n, data.data() + at);
       }
     });
   }
@@ -164,22 +180,62 @@ class NcclCommunicator final : public Communicator {
 
   std::shared_ptr<NcclGroup> group_;
   int rank_;
+  CudaDevice& device_;  // outlives its communicator
   int device_id_;
   cudaStream_t stream_;  // the device's comm stream; the device outlives its communicator
   DeviceBuffer<float> barrier_scratch_;
   DeviceBuffer<double> host_scratch_;
+  PinnedBuffer<double> host_staging_;
 };
+
+// Main thread, right after ncclCommInitAll: one grouped round of every collective the
+// trainer issues, at the sizes it issues them, so NCCL connects every peer now (its
+// connections are made lazily, at a collective's first call) rather than inside a rank's
+// first step, where the host thread would wait for peers that may have failed meanwhile.
+void connect_peers(std::span<CudaDevice* const> devices, std::span<const std::unique_ptr<Communicator>> comms) {
+  std::vector<DeviceBuffer<float>> buffers;
+  for (CudaDevice* d : devices) {
+    d->activate();
+    buffers.emplace_back(kParamCount);
+    CUDA_CHECK(cudaMemsetAsync(buffers.back().data(), 0, buffers.back().bytes(), d->comm()));
+  }
+  const auto grouped = [&](const auto& call) {
+    NCCL_CHECK(ncclGroupStart());
+    for (std::size_t r = 0; r < comms.size(); ++r) {
+      devices[r]->activate();
+      call(*comms[r], buffers[r].data());
+    }
+    NCCL_CHECK(ncclGroupEnd());
+  };
+  for (const std::size_t count : {std::size_t{1}, std::size_t{1} << 18, kParamCount}) {
+    grouped([&](Communicator& c, float* b) { c.allreduce(b, count, ReduceOp::kAverage); });
+    grouped([&](Communicator& c, float* b) { c.broadcast(b, count, 0); });
+    grouped([&](Communicator& c, float* b) { c.reduce(b, count, ReduceOp::kSum, 0); });
+  }
+  for (CudaDevice* d : devices) {
+    d->activate();
+    d->synchronize();
+  }
+}
 
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CudaDevice* const> devices) {
+  std::set<int> ids;
+  for (CudaDevice* d : devices) ids.insert(d->id());
+  if (ids.size() != devices.size()) return make_staged_communicators(devices);
+
   auto group = std::make_shared<NcclGroup>(devices);
   std::vector<std::unique_ptr<Communicator>> comms;
   for (std::size_t rank = 0; rank < devices.size(); ++rank) {
     CudaDevice& device = *devices[rank];
+    device.join_group(group->aborted_flag(), [weak = std::weak_ptr<NcclGroup>(group), rank, name = device.name()] {
+      if (const auto g = weak.lock()) g->check(static_cast<int>(rank), name);
+    });
     device.activate();  // the scratch buffers live on the rank's device
     comms.push_back(std::make_unique<NcclCommunicator>(group, static_cast<int>(rank), device));
   }
+  connect_peers(devices, comms);
   return comms;
 }
 

@@ -1,6 +1,8 @@
 #include "device.hpp"
 
+#include <chrono>
 #include <exception>
+#include <thread>
 
 #include "errors.hpp"
 #include "mnist_mt/error.hpp"
@@ -51,7 +53,7 @@ void CudaDevice::synchronize() {
   std::exception_ptr first;
   for (cudaStream_t s : {compute_.get(), copy_.get(), comm_.get()}) {
     try {
-      CUDA_CHECK(cudaStreamSynchronize(s));
+      wait_stream(s);
     } catch (...) {
       if (!first) first = std::current_exception();
     }
@@ -61,8 +63,26 @@ void CudaDevice::synchronize() {
 }
 
 void CudaDevice::wait_compute() {
-  CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+  wait_stream(compute_.get());
   throw_if_aborted();
+}
+
+void CudaDevice::wait_stream(cudaStream_t stream) const {
+  // Spins for the first tens of microseconds (a step's waits are mostly that short),
+  // then sleeps between polls.
+  using namespace std::chrono_literals;
+  for (int polls = 0;; ++polls) {
+    const cudaError_t state = cudaStreamQuery(stream);
+    if (state == cudaSuccess) return;
+    if (state != cudaErrorNotReady) CUDA_CHECK(state);
+    throw_if_aborted();
+    if (check_group_) check_group_();
+    if (polls < 100) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(50us);
+    }
+  }
 }
 
 void CudaDevice::throw_if_aborted() const {

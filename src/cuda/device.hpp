@@ -3,6 +3,7 @@
 // stream (highest priority, so allreduce kernels are scheduled ahead of backward work)
 // and a copy stream for input uploads, ordered one against another by events only.
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -33,10 +34,18 @@ class CudaDevice final : public Device {
   cudaStream_t copy() const { return copy_.get(); }
 
   // Main thread, by the communicator group made for this device: its abort flag, which
-  // the device reports from then on.
-  void join_group(std::shared_ptr<const std::atomic<bool>> aborted) { group_aborted_ = std::move(aborted); }
+  // the device reports from then on, and a check that throws when the group has failed
+  // (NCCL's asynchronous errors), which every wait for a stream polls.
+  void join_group(std::shared_ptr<const std::atomic<bool>> aborted, std::function<void()> check_group) {
+    group_aborted_ = std::move(aborted);
+    check_group_ = std::move(check_group);
+  }
   // Throws Aborted once the device's communicator group has been aborted.
   void throw_if_aborted() const;
+  // Blocks until `stream` (one of this device's) is idle. Polls rather than blocks in
+  // cudaStreamSynchronize, so that a collective that can never finish (a peer failed, or
+  // NCCL reported an error) ends the wait with an error instead of holding it forever.
+  void wait_stream(cudaStream_t stream) const;
 
  private:
   int id_;
@@ -46,6 +55,7 @@ class CudaDevice final : public Device {
   EventOwner compute_mark_;
   EventOwner comm_mark_;
   std::shared_ptr<const std::atomic<bool>> group_aborted_;  // none until a group is made
+  std::function<void()> check_group_;
 };
 
 }  // namespace mnist_mt::cuda

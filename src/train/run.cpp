@@ -1,20 +1,17 @@
 #include "run.hpp"
 
 #include <algorithm>
-#include <set>
 #include <string>
 
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
+#include "mnist_mt/sampler.hpp"
 
 namespace mnist_mt {
 namespace {
 
 void check(const TrainConfig& config, const Dataset& data) {
   if (config.devices.empty()) throw InputError("no device to train on");
-  if (std::set<int>(config.devices.begin(), config.devices.end()).size() != config.devices.size()) {
-    throw InputError("a device is listed twice");
-  }
   if (config.batch == 0) throw InputError("--batch-size: must be at least 1");
   const std::uint64_t global = std::uint64_t{config.batch} * config.devices.size();
   if (global > data.train.size()) {
@@ -79,6 +76,24 @@ std::uint32_t Run::steps_in_epoch(std::uint32_t loader_steps) const {
   return config.max_steps > 0 ? std::min(loader_steps, config.max_steps) : loader_steps;
 }
 
+std::vector<std::uint32_t> Run::batch_sizes(int rank) const {
+  std::vector<std::uint32_t> sizes{config.batch};
+  if (!config.evaluate) return sizes;
+  const ShardPlan test{data.test.size(), static_cast<std::uint32_t>(world()), config.batch, false};
+  if (test.steps() == 0) return sizes;
+  std::vector<std::uint32_t> positions(config.batch);
+  const std::uint32_t last = test.shard(static_cast<std::uint32_t>(rank), test.steps() - 1, positions);
+  if (last != 0 && last != config.batch) sizes.push_back(last);
+  return sizes;
+}
+
+void Run::await_peers() {
+  std::unique_lock lock(failures_mutex_);
+  if (++ready_ == world()) peers_cv_.notify_all();
+  peers_cv_.wait(lock, [&] { return ready_ >= world() || !failures_.empty(); });
+  if (ready_ < world()) throw Aborted("a peer failed while it set up");
+}
+
 void Run::inject_fault(int rank, std::uint64_t step) const {
   if (config.fault && config.fault->rank == rank && config.fault->step == step) {
     throw RuntimeFailure("injected fault");
@@ -120,6 +135,7 @@ void Run::fail(int rank, std::uint64_t step, std::exception_ptr error) {
     std::lock_guard lock(failures_mutex_);
     failures_.push_back({rank, step, std::move(error)});
   }
+  peers_cv_.notify_all();
   for (auto& c : comms) c->abort();
   loaders.cancel();
 }

@@ -1,0 +1,44 @@
+#pragma once
+// What the trainer tests of both backends share: a data set of noise and the distance
+// between two sets of parameters.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "mnist_mt/dataset.hpp"
+#include "mnist_mt/model.hpp"
+
+namespace mnist_mt::testing_fixture {
+
+// Uniform noise. Plain regions (a blank background, a bright square) make near-ties in
+// max-pool that rounding decides, which the comparisons would measure instead of the
+// trainer.
+inline Split noise_split(std::uint32_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  Split s;
+  s.images.resize(std::size_t{n} * kImageBytes);
+  s.labels.resize(n);
+  for (auto& label : s.labels) label = static_cast<std::uint8_t>(rng() % kClasses);
+  for (auto& pixel : s.images) pixel = static_cast<std::uint8_t>(rng());
+  return s;
+}
+
+// The worst over the parameter tensors of |a - b| / |b| (Euclidean norms). Norms, not
+// elements: rounding differences may flip a max-pool choice between near-equal inputs,
+// which moves a few single weights by more while the tensor stays as close.
+inline double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (const ParamInfo& p : kParams) {
+    double diff = 0, norm = 0;
+    for (std::size_t i = p.offset; i < p.offset + p.count; ++i) {
+      diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+      norm += double{b[i]} * b[i];
+    }
+    worst = std::max(worst, std::sqrt(diff / norm));
+  }
+  return worst;
+}
+
+}  // namespace mnist_mt::testing_fixture
