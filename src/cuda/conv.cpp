@@ -16,18 +16,20 @@ struct Selection {
   std::size_t limit;   // workspace bytes
 };
 
+// Without TF32 only FMA math: cuDNN's default math lets fp32 convolutions use TF32
+// tensor cores on Ampere and later, and its results report it as CUDNN_DEFAULT_MATH.
 template <typename Perf>
 bool allowed(const Perf& p, const Selection& s) {
   if (p.status != CUDNN_STATUS_SUCCESS) return false;
   if (s.deterministic && p.determinism != CUDNN_DETERMINISTIC) return false;
-  return s.tf32 || (p.mathType != CUDNN_TENSOR_OP_MATH && p.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
+  return s.tf32 || p.mathType == CUDNN_FMA_MATH;
 }
 
-// cuDNN lists candidates best first; takes the first allowed one whose workspace fits
-// and raises `bytes` to what it needs.
+// cuDNN lists candidates best first; takes the first allowed one whose workspace fits,
+// with a descriptor of its math type, and raises `bytes` to what it needs.
 template <typename Perf, typename Count, typename Search, typename WorkspaceOf>
 auto choose(cudnnHandle_t handle, const Selection& s, Count count, Search search, WorkspaceOf workspace_of,
-            std::size_t& bytes, const char* what) {
+            std::size_t& bytes, const char* what) -> Conv2d::Choice<decltype(Perf{}.algo)> {
   int max = 0;
   CUDNN_CHECK(count(handle, &max));
   std::vector<Perf> perfs(static_cast<std::size_t>(max));
@@ -38,7 +40,7 @@ auto choose(cudnnHandle_t handle, const Selection& s, Count count, Search search
     std::size_t need = 0;
     if (!allowed(p, s) || workspace_of(p.algo, &need) != CUDNN_STATUS_SUCCESS || need > s.limit) continue;
     bytes = std::max(bytes, need);
-    return p.algo;
+    return {p.algo, make_conv_desc(p.mathType)};
   }
   throw RuntimeFailure(std::string("cuDNN offers no convolution ") + what + " algorithm" +
                        (s.deterministic ? " that is deterministic" : "") + (s.tf32 ? "" : " without TF32") +
@@ -126,7 +128,7 @@ const Conv2d::Plan& Conv2d::plan(cudnnHandle_t handle, int n, std::size_t limit)
 void Conv2d::forward(cudnnHandle_t handle, int n, const float* x, const float* w, float* y, const Workspace& ws) {
   const Plan& p = plan(handle, n, ws.bytes);
   const float one = 1.0f, zero = 0.0f;
-  CUDNN_CHECK(cudnnConvolutionForward(handle, &one, p.x.get(), x, filter_.get(), w, conv_.get(), p.forward, ws.data,
+  CUDNN_CHECK(cudnnConvolutionForward(handle, &one, p.x.get(), x, filter_.get(), w, p.forward.conv.get(), p.forward.algo, ws.data,
                                       ws.bytes, &zero, p.y.get(), y));
 }
 
@@ -134,7 +136,7 @@ void Conv2d::backward_filter(cudnnHandle_t handle, int n, const float* x, const 
                              const Workspace& ws) {
   const Plan& p = plan(handle, n, ws.bytes);
   const float one = 1.0f, zero = 0.0f;
-  CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, &one, p.x.get(), x, p.y.get(), dy, conv_.get(), p.filter,
+  CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, &one, p.x.get(), x, p.y.get(), dy, p.filter.conv.get(), p.filter.algo,
                                              ws.data, ws.bytes, &zero, filter_.get(), dw));
 }
 
@@ -142,7 +144,7 @@ void Conv2d::backward_data(cudnnHandle_t handle, int n, const float* w, const fl
                            const Workspace& ws) {
   const Plan& p = plan(handle, n, ws.bytes);
   const float one = 1.0f, zero = 0.0f;
-  CUDNN_CHECK(cudnnConvolutionBackwardData(handle, &one, filter_.get(), w, p.y.get(), dy, conv_.get(), p.data,
+  CUDNN_CHECK(cudnnConvolutionBackwardData(handle, &one, filter_.get(), w, p.y.get(), dy, p.data.conv.get(), p.data.algo,
                                            ws.data, ws.bytes, &zero, p.x.get(), dx));
 }
 

@@ -27,6 +27,14 @@ struct Workspace {
 
 class Conv2d {
  public:
+  // An algorithm and the convolution descriptor set to the math type it was chosen with
+  // (as PyTorch does): the descriptor's math type is part of what selects the kernel.
+  template <typename Algo>
+  struct Choice {
+    Algo algo{};
+    ConvDescOwner conv;
+  };
+
   Conv2d(const ConvShape& shape, const BackendOptions& options, bool data_grad);
 
   // Chooses the algorithms for batch `n` among those allowed that fit in `cap` bytes:
@@ -45,9 +53,9 @@ class Conv2d {
     int n;
     TensorDescOwner x;
     TensorDescOwner y;
-    cudnnConvolutionFwdAlgo_t forward;
-    cudnnConvolutionBwdFilterAlgo_t filter;
-    cudnnConvolutionBwdDataAlgo_t data;
+    Choice<cudnnConvolutionFwdAlgo_t> forward;
+    Choice<cudnnConvolutionBwdFilterAlgo_t> filter;
+    Choice<cudnnConvolutionBwdDataAlgo_t> data;
   };
   enum class Search { kTimed, kHeuristic };
 
@@ -59,7 +67,7 @@ class Conv2d {
   bool tf32_;
   bool data_grad_;
   FilterDescOwner filter_;
-  ConvDescOwner conv_;
+  ConvDescOwner conv_;  // searched with; each choice runs with its own (Choice::conv)
   std::vector<Plan> plans_;
 };
 
