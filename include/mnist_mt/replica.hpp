@@ -34,6 +34,11 @@ class Replica {
   virtual ~Replica() = default;
   virtual std::uint32_t max_batch() const = 0;
 
+  // Setup: readies the replica for batches of each of `sizes` (1..max_batch()): the
+  // algorithms chosen, their workspaces taken, kernels loaded, so that no step sets
+  // anything up while peers wait in a collective. Parameters and momentum are left as
+  // they are; the step statistics are cleared.
+  virtual void prepare(std::span<const std::uint32_t> sizes) = 0;
   // Copies the batch to the device and normalises it, (x/255 - mean)/std. The batch's
   // host memory may be reused once this returns.
   virtual void set_input(const Batch& batch) = 0;

@@ -64,6 +64,15 @@ class CpuReplicaImpl final : public CpuReplica {
   }
 
   std::uint32_t max_batch() const override { return max_batch_; }
+  void prepare(std::span<const std::uint32_t> sizes) override {
+    for (const std::uint32_t n : sizes) {
+      if (n == 0 || n > max_batch_)
+        throw RuntimeFailure(device_.name() + ": prepare for a batch of " + std::to_string(n) + ", replica holds 1.." +
+                             std::to_string(max_batch_));
+      plan_for(n);
+    }
+    take_stats();
+  }
   float* params() override { return params_.get(); }
   float* grads() override { return grads_.get(); }
 

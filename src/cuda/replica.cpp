@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "conv.hpp"
 #include "errors.hpp"
@@ -83,7 +84,7 @@ class CudaReplica final : public Replica {
         input_(device, max_batch) {
     warm_up();
     zero_state();
-    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    device_.wait_stream(stream());
   }
 
   ~CudaReplica() override {
@@ -92,6 +93,23 @@ class CudaReplica final : public Replica {
   }
 
   std::uint32_t max_batch() const override { return max_batch_; }
+
+  // A forward and backward pass at each new size, on zeros: cuDNN chooses and loads
+  // that size's algorithms now. The gradients they write are overwritten by the next
+  // backward; the statistics are cleared.
+  void prepare(std::span<const std::uint32_t> sizes) override {
+    device_.activate();
+    for (const std::uint32_t n : sizes) {
+      if (n == 0 || n > max_batch_)
+        throw RuntimeFailure(device_.name() + ": prepare for a batch of " + std::to_string(n) + ", replica holds 1.." +
+                             std::to_string(max_batch_));
+      if (std::find(prepared_.begin(), prepared_.end(), n) != prepared_.end()) continue;
+      pass_on_zeros(n);
+      prepared_.push_back(n);
+    }
+    CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, stats_.bytes(), stream()));
+    device_.wait_stream(stream());
+  }
 
   void set_input(const Batch& batch) override {
     device_.activate();
@@ -185,7 +203,7 @@ class CudaReplica final : public Replica {
     device_.activate();
     CUDA_CHECK(cudaMemcpyAsync(stats_host_.data(), stats_.data(), stats_.bytes(), cudaMemcpyDeviceToHost, stream()));
     CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, stats_.bytes(), stream()));
-    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    device_.wait_stream(stream());
     device_.throw_if_aborted();
     const double* s = stats_host_.data();
     return {s[0], s[1], s[2]};
@@ -211,7 +229,7 @@ class CudaReplica final : public Replica {
   void copy_sync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
     device_.activate();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream()));
-    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    device_.wait_stream(stream());
   }
   void download(std::span<float> out, const DeviceBuffer<float>& from, const char* call) {
     expect_params(out.size(), call);
@@ -239,15 +257,21 @@ class CudaReplica final : public Replica {
   // loading may wait for work on the device's other streams. Its effects are cleared.
   void warm_up() {
     zero_state();
-    Batch zeros;
-    zeros.size = max_batch_;
-    zeros.images.assign(std::size_t{max_batch_} * kImageBytes, 0);
-    zeros.labels.assign(max_batch_, 0);
-    zeros.indices.assign(max_batch_, 0);
-    set_input(zeros);
-    forward(true, {}, max_batch_);
-    backward([](int) {});
+    pass_on_zeros(max_batch_);
     sgd_step({0.0f, 0.9f, 0.0f});
+    prepared_.push_back(max_batch_);
+  }
+
+  // Forward (with dropout) and backward of a batch of n zero images.
+  void pass_on_zeros(std::uint32_t n) {
+    Batch zeros;
+    zeros.size = n;
+    zeros.images.assign(std::size_t{n} * kImageBytes, 0);
+    zeros.labels.assign(n, 0);
+    zeros.indices.assign(n, 0);
+    set_input(zeros);
+    forward(true, {}, n);
+    backward([](int) {});
     batch_ = {};
   }
 
@@ -267,6 +291,7 @@ class CudaReplica final : public Replica {
   PinnedBuffer<double> stats_host_;
   InputStage input_;
   DeviceBatch batch_;
+  std::vector<std::uint32_t> prepared_;  // batch sizes whose algorithms are chosen and loaded
   // Scales the last forward pass gave kept elements (1: no dropout), for backward().
   float pool_scale_ = 1.0f;
   float fc1_scale_ = 1.0f;

@@ -26,6 +26,10 @@ class DdpWorker {
     try {
       device_.activate();
       replica_ = run_.backend.make_replica(device_, run_.config.batch);
+      replica_->prepare(run_.batch_sizes(rank_));
+      // No rank enters a collective while a peer still sets up (cuDNN's searches,
+      // allocations): NCCL's kernels would hold the device while that peer waits for it.
+      run_.await_peers();
       start();
       for (std::uint32_t epoch = run_.start.epoch; epoch < run_.last_epoch(); ++epoch) train_epoch(epoch);
       if (rank_ == 0) {

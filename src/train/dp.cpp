@@ -17,7 +17,10 @@ class DpLoop {
 
   void operator()() noexcept {
     try {
-      for (int d = 0; d < run_.world(); ++d) replicas_.push_back(run_.backend.make_replica(on(d), run_.config.batch));
+      for (int d = 0; d < run_.world(); ++d) {
+        replicas_.push_back(run_.backend.make_replica(on(d), run_.config.batch));
+        replicas_.back()->prepare(run_.batch_sizes(d));
+      }
       on(0);
       replicas_[0]->write_params(run_.start.params);
       if (!run_.start.momentum.empty()) replicas_[0]->write_momentum(run_.start.momentum);
@@ -39,12 +42,22 @@ class DpLoop {
     return *run_.devices[d];
   }
 
-  // Runs `op(d)` for every rank inside one group of collectives.
+  // Runs `op(d)` for every rank inside one group of collectives. The group is closed
+  // even when a call inside it throws: an open NCCL group would hold every later call of
+  // this thread, the aborts of the failure path included.
   void collective(const std::function<void(int)>& op) {
     run_.backend.group_start();
-    for (int d = 0; d < run_.world(); ++d) {
-      on(d).comm_wait_compute();
-      op(d);
+    try {
+      for (int d = 0; d < run_.world(); ++d) {
+        on(d).comm_wait_compute();
+        op(d);
+      }
+    } catch (...) {
+      try {
+        run_.backend.group_end();
+      } catch (...) {  // the first error is the one to report
+      }
+      throw;
     }
     run_.backend.group_end();
   }

@@ -1,6 +1,7 @@
 #pragma once
 // What the DDP workers and the DataParallel loop share: the devices and communicators,
 // the starting state, rank 0's reporting, and the failure that stops every rank.
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -27,6 +28,12 @@ class Run {
   int world() const { return static_cast<int>(devices.size()); }
   std::uint32_t last_epoch() const { return start.epoch + config.epochs; }
   std::uint32_t steps_in_epoch(std::uint32_t loader_steps) const;
+  // Every batch size `rank` will meet: the training batch and the last, smaller
+  // evaluation batch, for Replica::prepare().
+  std::vector<std::uint32_t> batch_sizes(int rank) const;
+  // A DDP worker, once its replica is ready: returns when every rank's is, or throws
+  // Aborted once a rank has failed.
+  void await_peers();
   // Throws the injected fault when `rank` starts global step `step`.
   void inject_fault(int rank, std::uint64_t step) const;
   // An epoch's training steps: runs `step` (one step, adding its phase times) `steps`
@@ -62,8 +69,10 @@ class Run {
   };
 
   std::optional<MetricsFile> metrics_;
-  std::mutex failures_mutex_;
+  std::mutex failures_mutex_;  // guards failures_ and ready_
+  std::condition_variable peers_cv_;
   std::vector<Failure> failures_;
+  int ready_ = 0;  // ranks through await_peers()
 };
 
 inline StepStats& operator+=(StepStats& a, const StepStats& b) {
