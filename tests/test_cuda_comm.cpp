@@ -1,15 +1,18 @@
-// NCCL communicators over every visible GPU, each rank on its own thread as the trainer
-// runs them: allreduce, broadcast, reduce, barrier and allreduce_host against results
-// computed on the host, and abort() releasing ranks that wait for a peer. Skips where
-// there is no GPU; the error test runs everywhere.
+// The CUDA communicators, each rank on its own thread as the trainer runs them, in two
+// layouts: NCCL over every visible GPU, and three ranks sharing GPU 0 (staged through
+// host memory): allreduce, broadcast, reduce, barrier and allreduce_host against results
+// computed on the host, one thread driving every rank, and abort() releasing ranks that
+// wait for a peer. Needs a GPU (gpu_main.cpp); the error test runs everywhere.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <functional>
-#include <future>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -17,6 +20,7 @@
 
 #include "mnist_mt/backend.hpp"
 #include "mnist_mt/error.hpp"
+#include "mnist_mt/model.hpp"
 
 namespace mnist_mt {
 namespace {
@@ -32,9 +36,6 @@ int gpu_count() {
   return count;
 }
 
-#define SKIP_WITHOUT_GPU() \
-  if (gpu_count() == 0) GTEST_SKIP() << "no CUDA device"
-
 void check(cudaError_t e) {
   if (e != cudaSuccess) throw std::runtime_error(cudaGetErrorString(e));
 }
@@ -47,6 +48,9 @@ class DeviceFloats {
     check(cudaMalloc(&raw, count_ * sizeof(float)));
     data_ = static_cast<float*>(raw);
     check(cudaMemcpy(data_, values.data(), count_ * sizeof(float), cudaMemcpyHostToDevice));
+    // From pageable memory cudaMemcpy may return before the data has landed, and the
+    // legacy stream it used does not order the comm stream's collectives after it.
+    check(cudaDeviceSynchronize());
   }
   ~DeviceFloats() { cudaFree(data_); }
   DeviceFloats(const DeviceFloats&) = delete;
@@ -63,10 +67,17 @@ class DeviceFloats {
   std::size_t count_;
 };
 
+// Device ids of a layout: every visible GPU (one NCCL communicator each), or three ranks
+// on GPU 0 (the staged communicator).
+std::vector<int> all_gpus() {
+  std::vector<int> ids(static_cast<std::size_t>(gpu_count()));
+  std::iota(ids.begin(), ids.end(), 0);
+  return ids;
+}
+const std::vector<int> kSharedGpu{0, 0, 0};
+
 struct Group {
-  Group() : backend(make_cuda_backend({})) {
-    std::vector<int> ids(static_cast<std::size_t>(backend->device_count()));
-    std::iota(ids.begin(), ids.end(), 0);
+  explicit Group(const std::vector<int>& ids) : backend(make_cuda_backend({})) {
     devices = backend->make_devices(ids);
     std::vector<Device*> raw;
     for (auto& d : devices) raw.push_back(d.get());
@@ -99,6 +110,11 @@ struct Group {
   std::vector<std::unique_ptr<Communicator>> comms;
 };
 
+class CudaComm : public testing::TestWithParam<bool> {  // true: ranks share GPU 0
+ protected:
+  std::vector<int> ids() const { return GetParam() ? kSharedGpu : all_gpus(); }
+};
+
 // Small integers: every sum is exact in fp32, whatever order NCCL adds in.
 constexpr std::size_t kCount = 1000003;  // not a multiple of any chunk size
 std::vector<float> rank_values(int rank, std::size_t count) {
@@ -108,22 +124,23 @@ std::vector<float> rank_values(int rank, std::size_t count) {
 }
 float sum_over_ranks(int world, std::size_t i) { return static_cast<float>(world * (world + 1) / 2 * (i % 7 + 1)); }
 
-TEST(CudaComm, AllreduceSumsOverEveryGpu) {
-  SKIP_WITHOUT_GPU();
-  Group g;
-  g.on_every_rank([&](int r) {
-    DeviceFloats buf(rank_values(r, kCount));
-    g.comms[r]->allreduce(buf.data(), kCount, ReduceOp::kSum);
-    g.devices[r]->synchronize();
-    const std::vector<float> got = buf.read();
-    for (std::size_t i = 0; i < kCount; ++i)
-      ASSERT_EQ(got[i], sum_over_ranks(g.world(), i)) << "rank " << r << " at " << i;
-  });
+// Also a count over a whole gradient, which the staged communicator moves in pieces.
+TEST_P(CudaComm, AllreduceSumsOverEveryGpu) {
+  Group g(ids());
+  for (const std::size_t count : {kCount, 3 * kParamCount + 5}) {
+    g.on_every_rank([&](int r) {
+      DeviceFloats buf(rank_values(r, count));
+      g.comms[r]->allreduce(buf.data(), count, ReduceOp::kSum);
+      g.devices[r]->synchronize();
+      const std::vector<float> got = buf.read();
+      for (std::size_t i = 0; i < count; ++i)
+        ASSERT_EQ(got[i], sum_over_ranks(g.world(), i)) << "rank " << r << " at " << i << " of " << count;
+    });
+  }
 }
 
-TEST(CudaComm, AllreduceAverages) {
-  SKIP_WITHOUT_GPU();
-  Group g;
+TEST_P(CudaComm, AllreduceAverages) {
+  Group g(ids());
   g.on_every_rank([&](int r) {
     DeviceFloats buf(rank_values(r, kCount));
     g.comms[r]->allreduce(buf.data(), kCount, ReduceOp::kAverage);
@@ -136,9 +153,8 @@ TEST(CudaComm, AllreduceAverages) {
   });
 }
 
-TEST(CudaComm, BroadcastCopiesTheRootsBuffer) {
-  SKIP_WITHOUT_GPU();
-  Group g;
+TEST_P(CudaComm, BroadcastCopiesTheRootsBuffer) {
+  Group g(ids());
   const int root = g.world() - 1;
   g.on_every_rank([&](int r) {
     DeviceFloats buf(rank_values(r, kCount));
@@ -148,9 +164,8 @@ TEST(CudaComm, BroadcastCopiesTheRootsBuffer) {
   });
 }
 
-TEST(CudaComm, ReduceLandsOnTheRootOnly) {
-  SKIP_WITHOUT_GPU();
-  Group g;
+TEST_P(CudaComm, ReduceLandsOnTheRootOnly) {
+  Group g(ids());
   g.on_every_rank([&](int r) {
     DeviceFloats buf(rank_values(r, kCount));
     g.comms[r]->reduce(buf.data(), kCount, ReduceOp::kSum, 0);
@@ -164,9 +179,8 @@ TEST(CudaComm, ReduceLandsOnTheRootOnly) {
   });
 }
 
-TEST(CudaComm, AllreduceHostSumsDoubles) {
-  SKIP_WITHOUT_GPU();
-  Group g;
+TEST_P(CudaComm, AllreduceHostSumsDoubles) {
+  Group g(ids());
   g.on_every_rank([&](int r) {
     std::vector<double> values(300);  // more than one pass through the device scratch
     for (std::size_t i = 0; i < values.size(); ++i) values[i] = 0.5 * (r + 1) + static_cast<double>(i);
@@ -177,9 +191,8 @@ TEST(CudaComm, AllreduceHostSumsDoubles) {
   });
 }
 
-TEST(CudaComm, BarrierCompletesOnEveryRank) {
-  SKIP_WITHOUT_GPU();
-  Group g;
+TEST_P(CudaComm, BarrierCompletesOnEveryRank) {
+  Group g(ids());
   g.on_every_rank([&](int r) {
     EXPECT_EQ(g.comms[r]->rank(), r);
     EXPECT_EQ(g.comms[r]->size(), g.world());
@@ -188,44 +201,100 @@ TEST(CudaComm, BarrierCompletesOnEveryRank) {
   });
 }
 
+// One thread issues every rank's collective, as the DataParallel baseline does; NCCL
+// needs them inside one group, the staged communicator returns from each at once.
+TEST_P(CudaComm, OneThreadDrivesEveryRank) {
+  Group g(ids());
+  std::vector<std::unique_ptr<DeviceFloats>> bufs;
+  for (int r = 0; r < g.world(); ++r) {
+    g.devices[r]->activate();
+    bufs.push_back(std::make_unique<DeviceFloats>(rank_values(r, kCount)));
+  }
+  g.backend->group_start();
+  for (int r = 0; r < g.world(); ++r) {
+    g.devices[r]->activate();
+    g.comms[r]->allreduce(bufs[r]->data(), kCount, ReduceOp::kSum);
+  }
+  g.backend->group_end();
+  for (int r = 0; r < g.world(); ++r) {
+    g.devices[r]->activate();
+    g.devices[r]->synchronize();
+    const std::vector<float> got = bufs[r]->read();
+    for (std::size_t i = 0; i < kCount; ++i)
+      ASSERT_EQ(got[i], sum_over_ranks(g.world(), i)) << "rank " << r << " at " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, CudaComm, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& i) { return i.param ? "SharedGpu" : "Nccl"; });
+
+// Counts the threads that have finished, without join(): a thread stuck in a collective
+// must fail the test, not hang it in a destructor.
+class Finished {
+ public:
+  void one() {
+    const std::lock_guard lock(mutex_);
+    ++count_;
+    cv_.notify_all();
+  }
+  bool wait_for(int count, std::chrono::seconds limit) {
+    std::unique_lock lock(mutex_);
+    return cv_.wait_for(lock, limit, [&] { return count_ >= count; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int count_ = 0;
+};
+
 // A rank that never joins (as if it failed) must not leave its peers waiting: abort()
-// releases them with Aborted, may be called again, and refuses later collectives.
-TEST(CudaComm, AbortReleasesRanksWaitingForAPeer) {
-  SKIP_WITHOUT_GPU();
-  if (gpu_count() < 2) GTEST_SKIP() << "needs two GPUs";
-  Group g;
-  std::vector<std::exception_ptr> errors(g.devices.size());
-  std::vector<std::thread> waiting;
+// releases them with Aborted, may be called again, and refuses later collectives. NCCL
+// needs two GPUs for it; three ranks sharing GPU 0 run it on any GPU host.
+void expect_abort_releases_waiting_ranks(const std::vector<int>& ids) {
+  SCOPED_TRACE(ids == kSharedGpu ? "ranks sharing GPU 0" : "NCCL");
+  // Shared with the waiting threads, which keep it alive if one of them never finishes.
+  struct State {
+    explicit State(const std::vector<int>& ids) : g(ids), errors(g.devices.size()) {}
+    Group g;
+    std::vector<std::exception_ptr> errors;
+    Finished finished;
+  };
+  auto state = std::make_shared<State>(ids);
+  Group& g = state->g;
   for (int r = 1; r < g.world(); ++r) {
-    waiting.emplace_back([&, r] {
+    std::thread([state, r] {
       try {
-        g.devices[r]->activate();
+        state->g.devices[r]->activate();
         DeviceFloats buf(rank_values(r, kCount));
-        g.comms[r]->allreduce(buf.data(), kCount, ReduceOp::kSum);
-        g.devices[r]->synchronize();
+        state->g.comms[r]->allreduce(buf.data(), kCount, ReduceOp::kSum);
+        state->g.devices[r]->synchronize();
       } catch (...) {
-        errors[r] = std::current_exception();
+        state->errors[r] = std::current_exception();
       }
-    });
+      state->finished.one();
+    }).detach();
   }
   std::this_thread::sleep_for(500ms);
   g.comms[0]->abort();
   g.comms[0]->abort();
-  auto joined = std::async(std::launch::async, [&] {
-    for (auto& t : waiting) t.join();
-  });
-  ASSERT_EQ(joined.wait_for(20s), std::future_status::ready) << "a rank is still waiting after abort()";
+  ASSERT_TRUE(state->finished.wait_for(g.world() - 1, 20s)) << "a rank is still waiting 20 s after abort()";
   for (int r = 1; r < g.world(); ++r) {
-    ASSERT_TRUE(errors[r]) << "rank " << r << " finished its allreduce without rank 0";
-    EXPECT_THROW(std::rethrow_exception(errors[r]), Aborted) << "rank " << r;
+    ASSERT_TRUE(state->errors[r]) << "rank " << r << " finished its allreduce without rank 0";
+    EXPECT_THROW(std::rethrow_exception(state->errors[r]), Aborted) << "rank " << r;
   }
   g.devices[1]->activate();
   DeviceFloats buf(rank_values(1, 16));
   EXPECT_THROW(g.comms[1]->allreduce(buf.data(), 16, ReduceOp::kSum), Aborted);
 }
 
+TEST(CudaCommAbort, ReleasesRanksWaitingForAPeer) {
+  expect_abort_releases_waiting_ranks(kSharedGpu);
+  if (gpu_count() >= 2) expect_abort_releases_waiting_ranks(all_gpus());
+}
+
 // Runs with or without a GPU: a failed call names itself and where it was made.
-TEST(CudaComm, FailedCallReportsTheCallAndThePlace) {
+TEST(CudaCommAnywhere, FailedCallReportsTheCallAndThePlace) {
   auto backend = make_cuda_backend({});
   const int absent[] = {gpu_count() + 1000};
   try {

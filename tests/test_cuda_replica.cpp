@@ -1,13 +1,12 @@
 // The CUDA replica against the CPU reference (include/mnist_mt/replica.hpp): from the
 // same weights and batch, the same log-probabilities, loss, every gradient, and the same
 // parameters and momentum after three SGD-momentum steps, within 1e-4 relative, with
-// dropout off and on. Needs a GPU; skips where there is none.
+// dropout off and on. Needs a GPU (gpu_main.cpp).
 //
 // The two backends round differently (about 1e-7 relative), so a ReLU input or a max-pool
 // window that close to a tie may go one way on each and move a whole gradient
 // contribution. Some batches have one, so the comparisons use only batches whose
 // decisions all keep a clear margin at every step, checked here in double.
-#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,18 +36,6 @@ constexpr DropoutKey kKey{7, 2};
 // different ways on the two backends.
 constexpr double kMargin = 1e-6;
 constexpr std::uint32_t kCandidates = 60;  // batches tried for one with clear decisions
-
-bool gpu_present() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return count > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!gpu_present()) GTEST_SKIP() << "no CUDA device"
 
 // Images like MNIST's (mostly dark, some ink), random labels, distinct global indices.
 Batch make_batch(std::uint32_t size, std::uint32_t seed) {
@@ -265,31 +252,26 @@ void expect_cuda_matches_cpu(std::uint32_t max_batch, std::uint32_t size, std::u
 }
 
 TEST(CudaReplica, MatchesCpuWithoutDropout) {
-  SKIP_WITHOUT_GPU();
   expect_cuda_matches_cpu(4, 4, 1, false, {});
 }
 
 TEST(CudaReplica, MatchesCpuWithDropout) {
-  SKIP_WITHOUT_GPU();
   expect_cuda_matches_cpu(4, 4, 100, true, {});
 }
 
 // A batch smaller than the replica's largest (the last one of an evaluation) runs with
 // algorithms chosen for its own size.
 TEST(CudaReplica, MatchesCpuOnABatchSmallerThanItsMaximum) {
-  SKIP_WITHOUT_GPU();
   expect_cuda_matches_cpu(16, 3, 200, true, {});
 }
 
 TEST(CudaReplica, MatchesCpuWithDeterministicAlgorithms) {
-  SKIP_WITHOUT_GPU();
   BackendOptions options;
   options.deterministic = true;
   expect_cuda_matches_cpu(4, 4, 300, true, options);
 }
 
 TEST(CudaReplica, DeterministicAlgorithmsRepeatBitForBit) {
-  SKIP_WITHOUT_GPU();
   BackendOptions options;
   options.deterministic = true;
   auto cuda = make_cuda_backend(options);
@@ -303,7 +285,6 @@ TEST(CudaReplica, DeterministicAlgorithmsRepeatBitForBit) {
 
 // Without this the dropout comparison could pass with dropout missing on both sides.
 TEST(CudaReplica, DropoutChangesTheForwardPass) {
-  SKIP_WITHOUT_GPU();
   auto cuda = make_cuda_backend({});
   const Batch batch = make_batch(16, 6);
   const std::vector<float> params = initial_params(6);
@@ -316,7 +297,6 @@ TEST(CudaReplica, DropoutChangesTheForwardPass) {
 }
 
 TEST(CudaReplica, BatchMayBeReusedOnceSetInputReturns) {
-  SKIP_WITHOUT_GPU();
   auto cuda = make_cuda_backend({});
   const int ids[] = {0};
   auto devices = cuda->make_devices(ids);
@@ -340,7 +320,6 @@ TEST(CudaReplica, BatchMayBeReusedOnceSetInputReturns) {
 }
 
 TEST(CudaReplica, TakeStatsCountsAndResets) {
-  SKIP_WITHOUT_GPU();
   auto cuda = make_cuda_backend({});
   const int ids[] = {0};
   auto devices = cuda->make_devices(ids);

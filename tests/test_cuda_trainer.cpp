@@ -1,0 +1,124 @@
+// The trainer on the CUDA backend, judged by its saved checkpoints (--save): on one GPU,
+// ranks that share it train what one rank of their global batch trains (ddp and dp),
+// one GPU trains what one CPU rank trains, a failing rank among peers on the GPU stops
+// every rank, and a resumed run continues an uninterrupted one bit for bit. Needs a GPU
+// (gpu_main.cpp); several ranks on one GPU use the staged communicator.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "mnist_mt/backend.hpp"
+#include "mnist_mt/checkpoint.hpp"
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/trainer.hpp"
+#include "train_fixture.hpp"
+
+namespace mnist_mt {
+namespace {
+
+using testing_fixture::noise_split;
+using testing_fixture::relative_difference;
+
+constexpr std::uint32_t kSteps = 20;
+
+// 20 steps of a global batch of 64.
+const Dataset& dataset() {
+  static const Dataset data{noise_split(64 * kSteps, 1), noise_split(101, 2)};
+  return data;
+}
+
+std::filesystem::path temp_file(const std::string& name) {
+  return std::filesystem::temp_directory_path() / ("mnist_mt_" + name + "_" + std::to_string(::getpid()) + ".safetensors");
+}
+
+// As the CPU trainer tests: a small step and no momentum keep rounding from flipping a
+// ReLU or a pooling choice by more than the comparisons allow.
+TrainConfig config_for(std::vector<int> devices, std::uint32_t batch, Mode mode = Mode::kDdp) {
+  TrainConfig c;
+  c.mode = mode;
+  c.devices = std::move(devices);
+  c.batch = batch;
+  c.max_steps = kSteps;
+  c.seed = 7;
+  c.sgd = {0.001f, 0.0f, 1e-4f};
+  c.evaluate = false;
+  return c;
+}
+
+// Trains, and returns the parameters of the checkpoint it saved.
+std::vector<float> saved_params(const std::string& backend_name, TrainConfig config, const BackendOptions& options = {}) {
+  const auto path = temp_file(backend_name);
+  config.save = path;
+  auto backend = backend_name == "cpu" ? make_cpu_backend(options) : make_cuda_backend(options);
+  train(*backend, dataset(), config);
+  Checkpoint saved = load_checkpoint(path);
+  std::filesystem::remove(path);
+  return saved.params;
+}
+
+TEST(CudaTrainer, RanksSharingTheGpuTrainWhatOneRankOfTheirGlobalBatchTrains) {
+  const std::vector<float> one = saved_params("cuda", config_for({0}, 64));
+  TrainConfig still = config_for({0}, 64);
+  still.sgd.lr = 0;
+  // Training moved the weights, so the comparisons mean something.
+  ASSERT_GT(relative_difference(one, saved_params("cuda", still)), 1e-3);
+  for (Mode mode : {Mode::kDdp, Mode::kDp}) {
+    SCOPED_TRACE(mode == Mode::kDp ? "dp" : "ddp");
+    EXPECT_LE(relative_difference(saved_params("cuda", config_for({0, 0}, 32, mode)), one), 1e-5);
+    TrainConfig buckets = config_for({0, 0, 0, 0}, 16, mode);
+    buckets.bucket_mb = 0.001;  // a bucket per layer, each overlapping the rest of backward
+    EXPECT_LE(relative_difference(saved_params("cuda", buckets), one), 1e-5);
+  }
+}
+
+TEST(CudaTrainer, OneGpuTrainsWhatOneCpuRankTrains) {
+  BackendOptions deterministic;
+  deterministic.deterministic = true;
+  const TrainConfig c = config_for({0}, 64);
+  EXPECT_LE(relative_difference(saved_params("cuda", c, deterministic), saved_params("cpu", c)), 1e-4);
+}
+
+TEST(CudaTrainer, AFailingRankAmongPeersOnTheGpuStopsEveryRank) {
+  for (Mode mode : {Mode::kDdp, Mode::kDp}) {
+    TrainConfig c = config_for({0, 0, 0}, 16, mode);
+    c.fault = FaultInjection{2, 5};
+    auto backend = make_cuda_backend({});
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      train(*backend, dataset(), c);
+      ADD_FAILURE() << "no failure";
+    } catch (const RuntimeFailure& e) {
+      EXPECT_EQ(std::string(e.what()), "rank 2 failed at step 5: injected fault");
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  }
+}
+
+// Deterministic algorithms, and sums in rank order on the host: a rerun repeats every
+// bit, so a resumed run must equal the uninterrupted one exactly.
+TEST(CudaTrainer, ResumingWithPeersOnTheGpuContinuesBitForBit) {
+  BackendOptions deterministic;
+  deterministic.deterministic = true;
+  auto backend = make_cuda_backend(deterministic);
+  TrainConfig c = config_for({0, 0}, 32);
+  c.sgd.momentum = 0.9f;  // the checkpoint carries the momentum
+  c.max_steps = kSteps / 2;
+  c.epochs = 2;
+  const TrainResult straight = train(*backend, dataset(), c);
+  const auto path = temp_file("resume");
+  c.epochs = 1;
+  c.save = path;
+  train(*backend, dataset(), c);
+  c.save.reset();
+  c.load = path;
+  const TrainResult resumed = train(*backend, dataset(), c);
+  std::filesystem::remove(path);
+  EXPECT_EQ(resumed.params, straight.params);
+}
+
+}  // namespace
+}  // namespace mnist_mt
