@@ -1,112 +1,195 @@
 #!/usr/bin/env bash
-# Every GPU check of the CUDA backend in one run, on a host with NVIDIA GPUs and the CUDA
-# libraries (cudart, cuBLAS, cuDNN 9, NCCL) but not this project's build tree.
+# Every GPU check of the CUDA backend in one call of under 10 minutes, on a host with an
+# NVIDIA GPU, the CUDA libraries (cudart, cuBLAS, cuDNN 9, NCCL; system or Python-wheel
+# installs) and PyTorch with CUDA as its python3, but neither oneDNN nor oneTBB: the
+# build travels as a bundle made here.
 #
-# On the build machine, from the repository root:
-#   meson setup build-cuda
-#   ninja -C build-cuda mnist_mt tests/test_cuda_replica tests/test_cuda_comm bench/bench_step
-#   ../shared/tools/gpu-bundle build-cuda .gpu/bundle build-cuda/mnist_mt \
-#       build-cuda/tests/test_cuda_replica build-cuda/tests/test_cuda_comm build-cuda/bench/bench_step
-#   mkdir -p .gpu/data && cp /usr/share/datasets/fashion-mnist/*-ubyte.gz .gpu/data/
-# On the GPU host, from the repository root (with .gpu/ copied there):
-#   OUT=/dir/for/logs tests/gpu/run_gpu_suite.sh [BUNDLE_DIR] [DATA_DIR]
+# Here, from the repository root:
+#   tests/gpu/run_gpu_suite.sh --pack      builds build/ (CUDA on) and writes .gpu/: the bundle
+#                                          (executables, the non-CUDA libraries they load)
+#                                          as one .tar.xz, and the Fashion-MNIST files
+#   tests/gpu/run_gpu_suite.sh --dry-run   packs, then prints what would travel (the
+#                                          tracked files and .gpu/, against 64 MiB) and
+#                                          the files a run writes (at most 8)
+# On the GPU host, from the repository root with .gpu/ beside it:
+#   OUT=/dir/for/results tests/gpu/run_gpu_suite.sh
 #
-# Runs, each under a time limit: the gpu test suite (NCCL collectives over every visible
-# GPU; the CUDA replica against the CPU one), one epoch on one GPU next to one epoch on
-# one CPU rank with the same settings (accuracy within 1 point), ddp and dp over every
-# visible GPU (their accuracies within 1 point), a worker fault on the GPUs (exit 3, no
-# hang), and the step benchmark. Writes a log per check, the metrics lines, the gtest
-# and benchmark JSON, and summary.txt (GPU model, date, PASS/FAIL per check) to $OUT.
-# Exit status: the number of failed checks.
+# The checks, each under a time limit: the GPU test binaries (collectives over NCCL and
+# over ranks sharing one GPU; the replica, each kernel and the trainer against the CPU
+# backend, judged by saved checkpoints), PyTorch on the same GPU taking the same 200
+# steps from the same weights (step_trace + torch_compare.py, TF32 off), one epoch of
+# training, a worker fault (exit 3, no hang), and the step and allreduce benchmarks.
+# On a GPU host a skipped test is a failure. Writes to $OUT: summary.txt (date, GPU,
+# a verdict per check), suite.log (every check's output), gtest.json, torch_compare.json,
+# train_gpu.jsonl, bench_step.json, bench_allreduce.json. Ends with the line
+# "N passed, N failed, N skipped" (skips counted among the failures too); exits 1 when
+# anything failed.
 set -u
+cd "$(dirname "$0")/../.."
 
-bundle=${1:-.gpu/bundle}
-data=${2:-.gpu/data}
-out=${OUT:?set OUT to the directory for the logs}
+gpu_dir=.gpu
+bundle_tar=$gpu_dir/bundle.tar.xz
+data_dir=$gpu_dir/data
+build=build  # scripts/test.sh's release build, with the CUDA backend
+executables=(mnist_mt tests/test_cuda_comm tests/test_cuda_replica tests/test_cuda_trainer tests/test_cuda_kernels
+             tests/step_trace bench/bench_step bench/bench_allreduce)
+outputs=(summary.txt suite.log gtest.json torch_compare.json train_gpu.jsonl bench_step.json bench_allreduce.json)
+limit_bytes=$((64 << 20))
+
+# Libraries every Linux host has, and the CUDA stack the GPU host brings itself.
+host_libs='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|linux-vdso|libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*|libnccl|libnvrtc|libnvJitLink)\.so'
+
+pack() {
+  scripts/setup.sh || exit 1
+  if [ -f "$build/build.ninja" ]; then meson configure "$build" -Dcuda=enabled >/dev/null
+  else meson setup "$build" --buildtype=release -Dcuda=enabled >/dev/null; fi || exit 1
+  rm -rf "$gpu_dir" && mkdir -p "$gpu_dir"
+  ninja -C "$build" "${executables[@]}" || exit 1
+  local stage
+  stage=$(mktemp -d)
+  mkdir -p "$stage/bin" "$stage/lib" "$data_dir"
+  for e in "${executables[@]}"; do
+    cp "$build/$e" "$stage/bin/"
+    ldd "$build/$e" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
+      [[ $name =~ $host_libs ]] || cp -L -n "$path" "$stage/lib/$name"
+    done
+  done
+  cp tests/gpu/torch_compare.py "$stage/bin/"
+  tar -C "$stage" -cJf "$bundle_tar" bin lib || exit 1
+  rm -rf "$stage"
+  cp /usr/share/datasets/fashion-mnist/*-ubyte.gz "$data_dir/"
+}
+
+dry_run() {
+  pack
+  local tracked extra
+  tracked=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+  extra=$(find "$gpu_dir" -type f -exec stat -c %s {} + | awk '{s += $1} END {print s + 0}')
+  echo "travels: tracked files $((tracked >> 10)) KiB"
+  find "$gpu_dir" -type f -exec du -k {} + | sort -k2 | awk '{printf "  %-40s %8d KiB\n", $2, $1}'
+  echo "bundle holds:"; tar -tvJf "$bundle_tar" | awk '{printf "  %-34s %8d KiB\n", $6, $3 / 1024}'
+  local total=$((tracked + extra))
+  awk -v t="$total" -v l="$limit_bytes" \
+    'BEGIN { printf "total %.1f MiB of %d MiB: %s\n", t / 1048576, l / 1048576, t <= l ? "fits" : "TOO LARGE" }'
+  echo "a run writes ${#outputs[@]} files to \$OUT: ${outputs[*]}"
+  [ $total -le $limit_bytes ] && [ ${#outputs[@]} -le 8 ]
+}
+
+case "${1:-}" in
+  --pack) pack; exit ;;
+  --dry-run) dry_run; exit ;;
+  "") ;;
+  *) echo "usage: $0 [--pack | --dry-run]   (a run needs OUT=dir)" >&2; exit 2 ;;
+esac
+
+out=${OUT:?set OUT to the directory for the results}
+[ -f "$bundle_tar" ] || { echo "no bundle at $bundle_tar: run $0 --pack on the build machine" >&2; exit 2; }
+[ -d "$data_dir" ] || { echo "no data at $data_dir: run $0 --pack on the build machine" >&2; exit 2; }
 mkdir -p "$out"
-summary=$out/summary.txt
-failed=0
+summary=$out/summary.txt log=$out/suite.log
+: >"$log"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+tar -C "$work" -xJf "$bundle_tar" || { echo "cannot unpack $bundle_tar" >&2; exit 2; }
 
-[ -x "$bundle/run" ] || { echo "no bundle at $bundle (see the top of $0)" >&2; exit 100; }
-[ -d "$data" ] || { echo "no data directory $data (see the top of $0)" >&2; exit 100; }
+# The CUDA libraries: wherever the host keeps them (toolkit, driver, Python wheels).
+lib_path=$work/lib
+roots=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu
+       $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null))
+for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2; do
+  found=$(find "${roots[@]}" -maxdepth 5 -name "$lib" 2>/dev/null | head -n 1)
+  [ -n "$found" ] && lib_path=$lib_path:$(dirname "$found")
+done
+# cuDNN 9 loads its engine libraries from beside libcudnn.so.9, which the path covers.
+export LD_LIBRARY_PATH=$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+bin=$work/bin
 
-# check NAME SECONDS PROGRAM [ARGS...]: runs a bundled program, logs it, records the verdict.
-check() {
-  local name=$1 limit=$2 start=$SECONDS status
+passed=0 failed=0 skipped=0
+record() {  # record NAME VERDICT DETAIL: PASS, FAIL, SKIP (a failure here too) or N/A
+  printf '%-20s %-6s %s\n' "$1" "$2" "$3" | tee -a "$summary"
+  case $2 in
+    PASS) passed=$((passed + 1)) ;;
+    SKIP) skipped=$((skipped + 1)) failed=$((failed + 1)) ;;
+    FAIL) failed=$((failed + 1)) ;;
+  esac
+}
+# run_logged NAME SECONDS COMMAND...: the command's output goes to the log; sets $code, $took.
+run_logged() {
+  local name=$1 limit=$2 start=$SECONDS
   shift 2
-  if timeout --kill-after=10 "$limit" "$bundle/run" "$@" >"$out/$name.log" 2>&1; then
-    status=PASS
-  else
-    status="FAIL (exit $?)"
-    failed=$((failed + 1))
-  fi
-  printf '%-22s %-16s %5ds\n' "$name" "$status" $((SECONDS - start)) | tee -a "$summary"
+  echo "=== $name: $*" >>"$log"
+  timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+  code=$? took=$((SECONDS - start))
+  echo "=== $name: exit $code after ${took}s" >>"$log"
 }
 
-# verdict NAME CONDITION-TEXT: records a check computed here (0 = pass).
-verdict() {
-  local name=$1 detail=$2 ok=$3
-  if [ "$ok" = 0 ]; then
-    printf '%-22s %-16s %s\n' "$name" PASS "$detail" | tee -a "$summary"
-  else
-    printf '%-22s %-16s %s\n' "$name" FAIL "$detail" | tee -a "$summary"
-    failed=$((failed + 1))
-  fi
-}
-
-# Test accuracy of the last epoch in a metrics file, or "none".
-accuracy() {
-  grep -o '"test_accuracy": *[0-9.eE+-]*' "$1" 2>/dev/null | tail -n 1 | sed 's/.*: *//' | grep . || echo none
-}
-
-# within_point A B: exit 0 when both are numbers less than 0.01 (1 point) apart.
-within_point() {
-  awk -v a="$1" -v b="$2" 'BEGIN { if (a == "none" || b == "none") exit 1; d = a - b; if (d < 0) d = -d; exit !(d < 0.01) }'
-}
-
-if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
-  gpus=$(awk -F, '{print NF}' <<<"$CUDA_VISIBLE_DEVICES")
-else
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-fi
-[ "$gpus" -ge 1 ] 2>/dev/null || gpus=1
-all=$(seq -s, 0 $((gpus - 1)))
-
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 {
   echo "date:  $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "host:  $(uname -n), $(nproc) cores"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu:   /'
-  echo "gpus used: $all"
+  echo "torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>&1 | tail -n 1)"
 } >"$summary"
 cat "$summary"
 
-check test_cuda_comm 180 test_cuda_comm --gtest_output="json:$out/test_cuda_comm.json"
-check test_cuda_replica 300 test_cuda_replica --gtest_output="json:$out/test_cuda_replica.json"
+# GPU test binaries: exit 77 means no GPU was found; a test skipped inside is a skip.
+for t in test_cuda_comm:60 test_cuda_replica:80 test_cuda_trainer:100 test_cuda_kernels:60; do
+  name=${t%%:*} limit=${t##*:}
+  if [ ! -x "$bin/$name" ]; then record "$name" FAIL "not in the bundle"; continue; fi
+  run_logged "$name" "$limit" "$bin/$name" --gtest_output="json:$work/$name.json"
+  inside=$(grep -c '"result": "SKIPPED"' "$work/$name.json" 2>/dev/null)
+  if [ "$code" = 77 ]; then record "$name" SKIP "exit 77: no CUDA device seen"
+  elif [ "$code" != 0 ]; then record "$name" FAIL "exit $code after ${took}s"
+  elif [ "${inside:-0}" != 0 ]; then record "$name" SKIP "$inside tests skipped"
+  else record "$name" PASS "${took}s"; fi
+done
+python3 - "$out/gtest.json" "$work"/test_cuda_*.json <<'PY' 2>>"$log"
+import json, sys
+merged = {}
+for path in sys.argv[2:]:
+    try:
+        merged[path.rsplit("/", 1)[-1][:-5]] = json.load(open(path))
+    except (OSError, ValueError) as e:
+        merged[path] = str(e)
+json.dump(merged, open(sys.argv[1], "w"))
+PY
 
-# The same settings on one GPU and on one CPU rank: the template's batch, lr and momentum.
-train=(--epochs 1 --batch-size 64 --lr 0.01 --momentum 0.9 --seed 1 --data "$data")
-check train_1gpu 300 mnist_mt --gpus 0 "${train[@]}" --metrics "$out/train_1gpu.jsonl"
-check train_1cpu 420 mnist_mt --cpu 1 "${train[@]}" --metrics "$out/train_1cpu.jsonl"
-gpu_acc=$(accuracy "$out/train_1gpu.jsonl") cpu_acc=$(accuracy "$out/train_1cpu.jsonl")
-within_point "$gpu_acc" "$cpu_acc"
-verdict gpu_matches_cpu "test accuracy: 1 GPU $gpu_acc, 1 CPU rank $cpu_acc" $?
+# PyTorch on the same GPU takes the steps mnist_mt took: gradients, then the loss curve.
+run_logged step_trace 40 "$bin/step_trace" --backend cuda --data "$data_dir" --out "$work/trace" --steps 200
+if [ "$code" != 0 ]; then record torch_compare FAIL "step_trace exit $code"
+else
+  run_logged torch_compare 60 python3 "$bin/torch_compare.py" --trace "$work/trace" --data "$data_dir" --device cuda \
+    --json "$out/torch_compare.json"
+  detail=$(grep -E '^(step 0|first|loss curve)' "$log" | tail -n 3 | sed 's/: \(PASS\|FAIL\)$//' | paste -sd ';')
+  [ "$code" = 0 ] && record torch_compare PASS "$detail" || record torch_compare FAIL "exit $code; $detail"
+fi
 
-check ddp_all_gpus 300 mnist_mt --gpus "$all" --mode ddp "${train[@]}" --metrics "$out/ddp_all_gpus.jsonl"
-check dp_all_gpus 300 mnist_mt --gpus "$all" --mode dp "${train[@]}" --metrics "$out/dp_all_gpus.jsonl"
-ddp_acc=$(accuracy "$out/ddp_all_gpus.jsonl") dp_acc=$(accuracy "$out/dp_all_gpus.jsonl")
-within_point "$ddp_acc" "$dp_acc"
-verdict ddp_matches_dp "test accuracy on $gpus GPU(s): ddp $ddp_acc, dp $dp_acc" $?
+# One epoch with the template's settings on one GPU.
+run_logged train_gpu 60 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --lr 0.01 --momentum 0.9 --seed 1 \
+  --data "$data_dir" --metrics "$out/train_gpu.jsonl"
+accuracy=$(grep -o '"test_accuracy": *[0-9.eE+-]*' "$out/train_gpu.jsonl" 2>/dev/null | tail -n 1 | sed 's/.*: *//')
+rate=$(grep -o '"images_per_s": *[0-9.eE+-]*' "$out/train_gpu.jsonl" 2>/dev/null | tail -n 1 | sed 's/.*: *//')
+# 1 epoch of Fashion-MNIST reaches about 0.87 on the CPU backend: 0.80 is a floor, not a target.
+if [ "$code" = 0 ] && awk -v a="${accuracy:-0}" 'BEGIN { exit !(a >= 0.80) }'; then
+  record train_gpu PASS "test accuracy $accuracy, $rate images/s, ${took}s"
+else record train_gpu FAIL "exit $code, test accuracy ${accuracy:-none}"; fi
 
-# The last rank fails at step 20: the process must name it and exit 3, not hang.
-start=$SECONDS
-timeout --kill-after=10 120 "$bundle/run" mnist_mt --gpus "$all" "${train[@]}" --max-steps 100 \
-  --inject-fault "$((gpus - 1)):20" >"$out/fault_all_gpus.log" 2>&1
-code=$?
-[ "$code" = 3 ] && grep -q "rank $((gpus - 1))" "$out/fault_all_gpus.log"
-verdict fault_all_gpus "exit $code after $((SECONDS - start))s (want 3, naming rank $((gpus - 1)))" $?
+# A worker fault at step 20: the process names the rank and exits 3, within seconds.
+run_logged fault_gpu 30 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --data "$data_dir" --max-steps 100 \
+  --inject-fault 0:20
+if [ "$code" = 3 ] && tail -n 5 "$log" | grep -q "rank 0 failed at step 20"; then record fault_gpu PASS "exit 3 after ${took}s"
+else record fault_gpu FAIL "exit $code after ${took}s (want 3, naming rank 0 and step 20)"; fi
 
-check bench_step 420 bench_step --benchmark_filter='step/cuda/' \
+run_logged bench_step 60 "$bin/bench_step" --benchmark_filter='step/cuda/' \
   --benchmark_out="$out/bench_step.json" --benchmark_out_format=json
+[ "$code" = 0 ] && record bench_step PASS "${took}s" || record bench_step FAIL "exit $code"
+if [ "$gpus" -ge 2 ]; then
+  run_logged bench_allreduce 30 "$bin/bench_allreduce" --benchmark_filter='allreduce/cuda/' \
+    --benchmark_out="$out/bench_allreduce.json" --benchmark_out_format=json
+  [ "$code" = 0 ] && record bench_allreduce PASS "${took}s" || record bench_allreduce FAIL "exit $code"
+else
+  record bench_allreduce N/A "one GPU: NCCL's allreduce needs two"
+fi
 
-echo "failed checks: $failed" | tee -a "$summary"
-exit "$failed"
+echo "$passed passed, $failed failed, $skipped skipped" | tee -a "$summary"
+[ "$failed" -eq 0 ]
