@@ -212,9 +212,10 @@ void connect_peers(std::span<CudaDevice* const> devices, std::span<const std::un
     grouped([&](Communicator& c, float* b) { c.broadcast(b, count, 0); });
     grouped([&](Communicator& c, float* b) { c.reduce(b, count, ReduceOp::kSum, 0); });
   }
-  for (CudaDevice* d : devices) {
-    d->activate();
-    d->synchronize();
+  for (std::size_t r = 0; r < devices.size(); ++r) {
+    devices[r]->activate();
+    devices[r]->synchronize();
+    buffers[r] = DeviceBuffer<float>();  // released on its own device
   }
 }
 
