@@ -15,19 +15,20 @@
 namespace mnist_mt::cuda {
 namespace {
 
-// The template's layers: 1x28x28 -> conv1 32x26x26 -> conv2 64x24x24 -> pool 64x12x12
-// (9216) -> fc1 128 -> fc2 10. C: channels, P: positions per channel, A: per sample.
-constexpr ConvShape kConv1Shape{1, 32, 28, 3};
-constexpr ConvShape kConv2Shape{32, 64, 26, 3};
-constexpr int kC1 = kConv1Shape.out_channels, kP1 = kConv1Shape.out_side() * kConv1Shape.out_side();
-constexpr int kC2 = kConv2Shape.out_channels, kP2 = kConv2Shape.out_side() * kConv2Shape.out_side();
+// The network's geometry (mnist_mt/model.hpp) as cuDNN and the kernels take it.
+// C: channels, P: positions per channel, A: per sample.
+constexpr int kC1 = static_cast<int>(kConv1Channels), kP1 = static_cast<int>(kConv1Side * kConv1Side);
+constexpr int kC2 = static_cast<int>(kConv2Channels), kP2 = static_cast<int>(kConv2Side * kConv2Side);
 constexpr int kA1 = kC1 * kP1;
 constexpr int kA2 = kC2 * kP2;
-constexpr int kPoolSide = kConv2Shape.out_side() / 2;
-constexpr int kFc1In = kC2 * kPoolSide * kPoolSide;
-constexpr int kFc1Out = 128;
+constexpr int kPoolSideInt = static_cast<int>(kPoolSide);
+constexpr int kFc1In = static_cast<int>(kFlat);
+constexpr int kFc1Out = static_cast<int>(kHidden);
 constexpr int kFc2Out = static_cast<int>(kClasses);
-static_assert(kFc1In == 9216);
+constexpr ConvShape kConv1Shape{1, kC1, static_cast<int>(kImageSide), 3};
+constexpr ConvShape kConv2Shape{kC1, kC2, static_cast<int>(kConv1Side), 3};
+static_assert(kConv1Shape.out_side() == static_cast<int>(kConv1Side) &&
+              kConv2Shape.out_side() == static_cast<int>(kConv2Side));
 
 constexpr std::size_t kConvWorkspaceCap = std::size_t{256} << 20;
 constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;  // cuBLAS's advice for Hopper; ample before it
@@ -132,7 +133,7 @@ class CudaReplica final : public Replica {
     bias_relu_dropout(a1_.data(), param(1), n, kC1, kP1, none, stream());
     conv2_.forward(cudnn_.get(), n, a1_.data(), param(2), a2_.data(), ws);
     bias_relu_dropout(a2_.data(), param(3), n, kC2, kP2, none, stream());
-    max_pool_dropout_forward(a2_.data(), pooled_.data(), n, kC2, kPoolSide, drop1, stream());
+    max_pool_dropout_forward(a2_.data(), pooled_.data(), n, kC2, kPoolSideInt, drop1, stream());
     linear_forward(cublas_.get(), pooled_.data(), param(4), h_.data(), n, kFc1In, kFc1Out);
     bias_relu_dropout(h_.data(), param(5), n, kFc1Out, 1, drop2, stream());
     linear_forward(cublas_.get(), h_.data(), param(6), z_.data(), n, kFc1Out, kFc2Out);
@@ -158,7 +159,7 @@ class CudaReplica final : public Replica {
     bias_grad(dh_.data(), grad(5), n, kFc1Out, 1, stream());
     grads_ready(kFc1);
     linear_backward_data(cublas_.get(), param(4), dh_.data(), dpooled_.data(), n, kFc1In, kFc1Out);
-    max_pool_dropout_backward(a2_.data(), pooled_.data(), dpooled_.data(), da2_.data(), n, kC2, kPoolSide,
+    max_pool_dropout_backward(a2_.data(), pooled_.data(), dpooled_.data(), da2_.data(), n, kC2, kPoolSideInt,
                               pool_scale_, stream());
 
     conv2_.backward_filter(cudnn_.get(), n, a1_.data(), da2_.data(), grad(2), ws);
