@@ -4,6 +4,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-[ -f build/build.ninja ] || meson setup build --buildtype=release >/dev/null
-ninja -C build mnist_mt >/dev/null
+# Quiet when all goes well; a failed setup or build shows its whole output.
+quietly() {
+  local log
+  log=$(mktemp)
+  if ! "$@" >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    echo "mnist_mt: '$*' failed" >&2
+    exit 1
+  fi
+  rm -f "$log"
+}
+[ -f build/build.ninja ] || quietly meson setup build --buildtype=release
+quietly ninja -C build mnist_mt
 exec build/mnist_mt "$@"
