@@ -1,0 +1,53 @@
+// fc1 and fc2, forward and backward: oneDNN's inner products.
+#include "fc.hpp"
+
+namespace mnist_mt::cpu {
+
+// fc1 (ReLU fused) and fc2 through oneDNN's inner products, on PyTorch's flatten order:
+// the pooled map nchw seen as [n, 9216].
+void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, float* params, float* grads) {
+  using namespace dnnl;
+  const Dim n = plan.batch;
+  const std::size_t cap = buf.max_batch;
+  const memory::desc flat_md({n, Dim{kFlat}}, kF32, Tag::nc), hidden_md({n, Dim{kHidden}}, kF32, Tag::nc);
+  const memory::desc logits_md({n, Dim{kClasses}}, kF32, Tag::nc);
+  const auto desc = [](int i) { return plain(kParams[i]); };
+  const inner_product_forward::primitive_desc fc1_pd(
+      inner_product_forward::desc(prop_kind::forward_training, flat_md, desc(4), desc(5), hidden_md), b.relu_attr(),
+      b.engine());
+  const inner_product_forward::primitive_desc fc2_pd(
+      inner_product_forward::desc(prop_kind::forward_training, hidden_md, desc(6), desc(7), logits_md), b.engine());
+  const inner_product_backward_weights::primitive_desc fc2_bw_pd(
+      inner_product_backward_weights::desc(hidden_md, desc(6), desc(7), logits_md), b.engine(), fc2_pd);
+  const inner_product_backward_data::primitive_desc fc2_bd_pd(
+      inner_product_backward_data::desc(hidden_md, desc(6), logits_md), b.engine(), fc2_pd);
+  const inner_product_backward_weights::primitive_desc fc1_bw_pd(
+      inner_product_backward_weights::desc(flat_md, desc(4), desc(5), hidden_md), b.engine(), fc1_pd);
+  const inner_product_backward_data::primitive_desc fc1_bd_pd(
+      inner_product_backward_data::desc(flat_md, desc(4), hidden_md), b.engine(), fc1_pd);
+
+  const memory flat = b.bind(flat_md, buf.flat, cap * kFlat), d_flat = b.bind(flat_md, buf.d_flat, cap * kFlat);
+  const memory hidden = b.bind(hidden_md, buf.hidden, cap * kHidden);
+  const memory d_hidden = b.bind(hidden_md, buf.d_hidden, cap * kHidden);
+  const memory logits = b.bind(logits_md, buf.logits, cap * kClasses);
+  const memory dlogits = b.bind(logits_md, buf.dlogits, cap * kClasses);
+  const auto view = [&](int i, float* base) { return b.view(kParams[i], base); };
+  plan.fc1 = b.step(kFc1Forward, fc1_pd, {{DNNL_ARG_SRC, flat}, {DNNL_ARG_WEIGHTS, view(4, params)},
+                                          {DNNL_ARG_BIAS, view(5, params)}, {DNNL_ARG_DST, hidden}});
+  plan.fc2 = b.step(kFc2Forward, fc2_pd, {{DNNL_ARG_SRC, hidden}, {DNNL_ARG_WEIGHTS, view(6, params)},
+                                          {DNNL_ARG_BIAS, view(7, params)}, {DNNL_ARG_DST, logits}});
+  plan.fc2_backward_weights = b.step(kFc2BackwardWeights, fc2_bw_pd,
+                                     {{DNNL_ARG_SRC, hidden}, {DNNL_ARG_DIFF_DST, dlogits},
+                                      {DNNL_ARG_DIFF_WEIGHTS, view(6, grads)}, {DNNL_ARG_DIFF_BIAS, view(7, grads)}});
+  plan.fc2_backward_data = b.step(kFc2BackwardData, fc2_bd_pd,
+                                  {{DNNL_ARG_DIFF_DST, dlogits}, {DNNL_ARG_WEIGHTS, view(6, params)},
+                                   {DNNL_ARG_DIFF_SRC, d_hidden}});
+  plan.fc1_backward_weights = b.step(kFc1BackwardWeights, fc1_bw_pd,
+                                     {{DNNL_ARG_SRC, flat}, {DNNL_ARG_DIFF_DST, d_hidden},
+                                      {DNNL_ARG_DIFF_WEIGHTS, view(4, grads)}, {DNNL_ARG_DIFF_BIAS, view(5, grads)}});
+  plan.fc1_backward_data = b.step(kFc1BackwardData, fc1_bd_pd,
+                                  {{DNNL_ARG_DIFF_DST, d_hidden}, {DNNL_ARG_WEIGHTS, view(4, params)},
+                                   {DNNL_ARG_DIFF_SRC, d_flat}});
+}
+
+}  // namespace mnist_mt::cpu
