@@ -19,37 +19,21 @@
 #include "cpu/kernels.hpp"
 #include "cpu/pool.hpp"
 #include "cuda/element_ops.hpp"
+#include "kernel_inputs.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/model.hpp"
 
 namespace mnist_mt {
 namespace {
 
+using testing_inputs::grid_values;
+using testing_inputs::same;
+using testing_inputs::uniform;
+
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr DropoutKey kKey{0x1234'5678'9abcULL, 3};
 const std::uint32_t kSamples[] = {17, 59'999, 4};  // global indices of the rows
 constexpr std::uint32_t kRows = 3;
-
-// Equal values, NaN equal to NaN; +0 and -0 count as equal (the sign of a zero gradient or
-// ReLU output reaches no result).
-bool same(float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); }
-
-// Values on a coarse grid in [-2, 2], so 2x2 windows and logits often tie exactly.
-std::vector<float> grid_values(std::size_t count, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> level(-8, 8);
-  std::vector<float> v(count);
-  for (float& e : v) e = 0.25f * static_cast<float>(level(rng));
-  return v;
-}
-
-std::vector<float> uniform(std::size_t count, float lo, float hi, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(count);
-  for (float& e : v) e = dist(rng);
-  return v;
-}
 
 // Index of NCHW element i of a rows x channels x side x side map in nChw{B}c.
 std::size_t blocked(std::size_t i, std::size_t channels, std::size_t side, std::size_t block) {
