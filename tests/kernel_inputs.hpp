@@ -30,4 +30,9 @@ inline std::vector<float> grid_values(std::size_t count, std::uint32_t seed) {
   return v;
 }
 
+// Every stride-th value, from the offset, made NaN.
+inline void sprinkle_nan(std::vector<float>& v, std::size_t stride, std::size_t offset) {
+  for (std::size_t i = offset; i < v.size(); i += stride) v[i] = std::nanf("");
+}
+
 }  // namespace mnist_mt::testing_inputs

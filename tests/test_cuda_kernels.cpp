@@ -28,6 +28,7 @@ namespace {
 
 using testing_inputs::grid_values;
 using testing_inputs::same;
+using testing_inputs::sprinkle_nan;
 using testing_inputs::uniform;
 
 const std::uint32_t kBatches[] = {1, 3, 64, 256};
@@ -75,8 +76,8 @@ class CudaKernels : public ::testing::Test {
   DeviceBuffer<std::uint32_t> device_samples_;
 };
 
-// Every elementwise kernel is compared bit for bit: the device rounds each fp32 add,
-// multiply and divide as the host does, and none of them can be contracted into an FMA.
+// Every elementwise kernel is compared bit for bit, NaN included: the device rounds each
+// fp32 add, multiply and divide as the host does, and none of them can be contracted into an FMA.
 TEST_F(CudaKernels, NormalizeImages) {
   for (const std::uint32_t n : kBatches) {
     std::vector<std::uint8_t> images(std::size_t{n} * 784);
@@ -105,7 +106,9 @@ TEST_F(CudaKernels, BiasReluDropoutAndBackward) {
         SCOPED_TRACE(testing::Message() << "batch " << n << " channels " << layer.channels << " p " << p);
         make_samples(n);
         const std::size_t count = std::size_t{n} * layer.channels * layer.spatial;
-        const std::vector<float> y = grid_values(count, 1), bias = grid_values(layer.channels, 2);
+        std::vector<float> y = grid_values(count, 1);
+        const std::vector<float> bias = grid_values(layer.channels, 2);
+        sprinkle_nan(y, 101, 7);
         const std::vector<float> grad = uniform(count, -1, 1, 3);
         const auto d_y = upload(y, stream()), d_bias = upload(bias, stream()), d_grad = upload(grad, stream());
         bias_relu_dropout(d_y.data(), d_bias.data(), n, layer.channels, layer.spatial,
@@ -131,6 +134,7 @@ TEST_F(CudaKernels, MaxPoolDropoutForwardAndBackward) {
       const std::size_t in_count = std::size_t{n} * kC * 4 * kSide * kSide, count = in_count / 4;
       std::vector<float> in = grid_values(in_count, 4);
       for (float& v : in) v = std::max(v, 0.0f);  // a ReLU's output, as in the network
+      sprinkle_nan(in, 257, 9);
       const std::vector<float> grad_out = uniform(count, -1, 1, 5);
       const auto d_in = upload(in, stream()), d_grad_out = upload(grad_out, stream());
       const auto d_out = unwritten(count, stream()), d_grad_in = unwritten(in_count, stream());

@@ -28,6 +28,7 @@ namespace {
 
 using testing_inputs::grid_values;
 using testing_inputs::same;
+using testing_inputs::sprinkle_nan;
 using testing_inputs::uniform;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -64,7 +65,9 @@ TEST_F(CudaReference, NormalizeMatchesTheCpuBitwise) {
 // fc1's bias + ReLU + dropout (spatial 1): oneDNN's bias and ReLU, then the CPU's dropout.
 TEST_F(CudaReference, BiasReluDropoutMatchesTheCpuDropout) {
   const int channels = static_cast<int>(kHidden);
-  const std::vector<float> y = grid_values(kRows * kHidden, 1), bias = grid_values(kHidden, 2);
+  std::vector<float> y = grid_values(kRows * kHidden, 1);
+  const std::vector<float> bias = grid_values(kHidden, 2);
+  sprinkle_nan(y, 37, 5);  // NaN passes the ReLU and stays NaN when dropped
   std::vector<float> cpu_out(y.size());
   for (std::size_t i = 0; i < y.size(); ++i) cpu_out[i] = std::max(y[i] + bias[i % kHidden], 0.0f);
   cpu::dropout_forward(kKey, kSamples, kRows, RandomStream::kDropout1, kHidden, kDropout2, cpu_out.data());
@@ -81,11 +84,13 @@ TEST_F(CudaReference, BiasReluDropoutMatchesTheCpuDropout) {
   EXPECT_GT(dropped, 20u);
 }
 
-// conv1's bias + ReLU: with only the centre tap set to 1, conv1(x) + b rounds once, to
-// x[y+1][x+1] + b, on both sides.
+// conv1's bias + ReLU: with only the centre tap set to 1, conv1(x) is exact, x[y+1][x+1]
+// (or NaN where its window has one), so conv1(x) + b rounds once, alike on both sides.
 TEST_F(CudaReference, BiasReluMatchesCpuConv1) {
   constexpr int kC = kConv1Channels, kP = kConv1Side * kConv1Side;
-  const std::vector<float> x = uniform(kRows * kImageSide * kImageSide, -1, 1, 3), bias = uniform(kC, -1, 1, 4);
+  std::vector<float> x = uniform(kRows * kImageSide * kImageSide, -1, 1, 3);
+  const std::vector<float> bias = uniform(kC, -1, 1, 4);
+  sprinkle_nan(x, 211, 100);
   std::vector<float> w(kC * 9, 0.0f);
   for (int c = 0; c < kC; ++c) w[c * 9 + 4] = 1.0f;
   std::vector<float> cpu_out(std::size_t{kRows} * kC * kP);
@@ -93,15 +98,19 @@ TEST_F(CudaReference, BiasReluMatchesCpuConv1) {
   std::vector<float> conv(cpu_out.size());  // conv1(x) without bias, NCHW
   for (std::size_t i = 0; i < conv.size(); ++i) {
     const std::size_t n = i / (kC * kP), at = i % kP;
-    conv[i] = x[(n * kImageSide + at / kConv1Side + 1) * kImageSide + at % kConv1Side + 1];
+    conv[i] = 0.0f;
+    for (std::size_t t = 0; t < 9; ++t)
+      conv[i] += w[t] * x[(n * kImageSide + at / kConv1Side + t / 3) * kImageSide + at % kConv1Side + t % 3];
   }
-  std::size_t positive = 0;
+  std::size_t positive = 0, nan = 0;
   for (std::size_t i = 0; i < conv.size(); ++i) {
     const float ref = cuda::bias_relu_dropout_at(conv.data(), bias.data(), i, kC, kP, {});
     const float got = cpu_out[blocked(i, kC, kConv1Side, block_)];
     ASSERT_TRUE(same(ref, got)) << "element " << i << ": " << ref << " vs " << got;
     positive += ref > 0;
+    nan += std::isnan(ref);
   }
+  EXPECT_GT(nan, 0u);
   EXPECT_GT(positive, conv.size() / 4);
   EXPECT_LT(positive, conv.size() * 3 / 4);
 }
@@ -110,7 +119,9 @@ TEST_F(CudaReference, BiasReluMatchesCpuConv1) {
 // CPU's fused ReLU + pool (on conv2's output with oneDNN's bias added) and its dropout.
 TEST_F(CudaReference, PoolDropoutMatchesCpuPool) {
   constexpr int kC = kConv2Channels, kP = kConv2Side * kConv2Side;
-  const std::vector<float> pre = grid_values(std::size_t{kRows} * kC * kP, 5), bias = grid_values(kC, 6);
+  std::vector<float> pre = grid_values(std::size_t{kRows} * kC * kP, 5);
+  const std::vector<float> bias = grid_values(kC, 6);
+  sprinkle_nan(pre, 1009, 3);  // a NaN is its window's maximum and gets no gradient
   const cuda::DropoutArgs drop = dropout_args(RandomStream::kDropout0, kDropout1);
   std::vector<float> a2(pre.size()), pooled(kRows * kFlat);
   for (std::size_t i = 0; i < a2.size(); ++i) a2[i] = cuda::bias_relu_dropout_at(pre.data(), bias.data(), i, kC, kP, {});
@@ -125,6 +136,7 @@ TEST_F(CudaReference, PoolDropoutMatchesCpuPool) {
   cpu::dropout_forward(kKey, kSamples, kRows, RandomStream::kDropout0, kFlat, kDropout1, flat.data());
   for (std::size_t i = 0; i < pooled.size(); ++i)
     ASSERT_TRUE(same(pooled[i], flat[i])) << "pooled " << i << ": " << pooled[i] << " vs " << flat[i];
+  EXPECT_GT(std::count_if(pooled.begin(), pooled.end(), [](float v) { return std::isnan(v); }), 0);
 
   const std::vector<float> d_out = uniform(pooled.size(), -1, 1, 7);
   std::vector<float> da2(pre.size(), kNaN), d_flat = d_out, d_in(pre.size(), kNaN);  // NaN: unwritten

@@ -36,10 +36,11 @@ MNIST_MT_HD float normalize_at(const std::uint8_t* images, std::size_t i, float 
   return (static_cast<float>(images[i]) / 255.0f - mean) / std;
 }
 
-// Dropout of element `element` of row `row`; samples are read only when p > 0.
+// Dropout of element `element` of row `row`; samples are read only when p > 0. A product
+// with 0 rather than a 0, so a dropped NaN stays NaN, as in PyTorch and the CPU backend.
 MNIST_MT_HD float apply_dropout(float v, const DropoutArgs& d, std::size_t row, std::uint32_t element) {
   if (d.p <= 0.0f) return v;
-  return dropout_keep(d.seed, d.epoch, d.samples[row], d.stream, element, d.p) ? v * d.scale : 0.0f;
+  return v * (dropout_keep(d.seed, d.epoch, d.samples[row], d.stream, element, d.p) ? d.scale : 0.0f);
 }
 
 // y[rows][channels][spatial] after bias, ReLU and dropout.
@@ -47,19 +48,19 @@ MNIST_MT_HD float bias_relu_dropout_at(const float* y, const float* bias, std::s
                                        const DropoutArgs& d) {
   const std::size_t per_row = std::size_t(channels) * spatial;
   const float v = y[i] + bias[(i / spatial) % channels];
-  return apply_dropout(v > 0.0f ? v : 0.0f, d, i / per_row, static_cast<std::uint32_t>(i % per_row));
+  return apply_dropout(v < 0.0f ? 0.0f : v, d, i / per_row, static_cast<std::uint32_t>(i % per_row));  // NaN passes
 }
 
 MNIST_MT_HD float relu_dropout_backward_at(const float* out, const float* grad, std::size_t i, float scale) {
   return out[i] > 0.0f ? grad[i] * scale : 0.0f;
 }
 
-// Index (0..3, row-major) of the window's first maximum, as PyTorch picks it.
+// Index (0..3, row-major) of the window's first maximum, or its last NaN: PyTorch's pick.
 MNIST_MT_HD int window_argmax(const float* window, int stride) {
   const float v[4] = {window[0], window[1], window[stride], window[stride + 1]};
   int best = 0;
   for (int k = 1; k < 4; ++k)
-    if (v[k] > v[best]) best = k;
+    if (v[k] > v[best] || v[k] != v[k]) best = k;
   return best;
 }
 
