@@ -21,6 +21,7 @@
 #include "cuda/linear.hpp"
 #include "cuda/owners.hpp"
 #include "kernel_inputs.hpp"
+#include "mnist_mt/dataset.hpp"
 #include "mnist_mt/model.hpp"
 
 namespace mnist_mt::cuda {
@@ -80,7 +81,7 @@ class CudaKernels : public ::testing::Test {
 // fp32 add, multiply and divide as the host does, and none of them can be contracted into an FMA.
 TEST_F(CudaKernels, NormalizeImages) {
   for (const std::uint32_t n : kBatches) {
-    std::vector<std::uint8_t> images(std::size_t{n} * 784);
+    std::vector<std::uint8_t> images(std::size_t{n} * kImageBytes);
     std::mt19937 rng(n);
     for (auto& b : images) b = static_cast<std::uint8_t>(rng());
     const auto d_images = upload(images, stream());
@@ -269,7 +270,8 @@ void expect_close(const std::vector<float>& got, const Reference& ref, const cha
   EXPECT_GT(largest, 40 * kLibraryTolerance * floor) << what << ": values too small for the tolerance to tell";
 }
 
-constexpr ConvShape kConvs[] = {{1, int{kConv1Channels}, 28, 3}, {int{kConv1Channels}, int{kConv2Channels}, 26, 3}};
+constexpr ConvShape kConvs[] = {{1, int{kConv1Channels}, int{kImageSide}, 3},
+                                {int{kConv1Channels}, int{kConv2Channels}, int{kConv1Side}, 3}};
 constexpr std::size_t kWorkspaceCap = std::size_t{512} << 20;
 
 // x[n][c][in][in], w[k][c][3][3], y and dy [n][k][out][out]; every product of the valid

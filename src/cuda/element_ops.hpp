@@ -15,8 +15,8 @@ namespace mnist_mt::cuda {
 inline constexpr int kClasses = 10;
 
 // fp32 add and multiply rounded to nearest and never fused: __fadd_rn/__fmul_rn keep
-// nvcc from contracting them into an FMA; host builds that use them must not contract
-// either (-ffp-contract=off, the default of GCC's ISO modes).
+// nvcc from contracting them into an FMA. On the host, code using them needs
+// -ffp-contract=off: GCC contracts by default in C++, even with -std=c++20.
 MNIST_MT_HD float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(a, b);
