@@ -62,7 +62,8 @@ TEST_F(CudaReference, NormalizeMatchesTheCpuBitwise) {
   EXPECT_NE(cpu_out[0], cpu_out[255]);
 }
 
-// fc1's bias + ReLU + dropout (spatial 1): oneDNN's bias and ReLU, then the CPU's dropout.
+// fc1's bias + ReLU + dropout (spatial 1). On the CPU oneDNN adds fc1's bias and applies
+// the ReLU, so those are written out here (NaN passing, as std::max does), then its dropout.
 TEST_F(CudaReference, BiasReluDropoutMatchesTheCpuDropout) {
   const int channels = static_cast<int>(kHidden);
   std::vector<float> y = grid_values(kRows * kHidden, 1);
