@@ -1,23 +1,19 @@
 // Bias + ReLU (+ dropout) after a convolution or fc1, and its backward.
-#include "dropout.cuh"
-#include "kernels.hpp"
+#include "element_ops.hpp"
 #include "launch.cuh"
 
 namespace mnist_mt::cuda {
 
 static __global__ void bias_relu_dropout_kernel(float* __restrict__ y, const float* __restrict__ bias,
                                                 std::size_t count, int channels, int spatial, DropoutArgs dropout) {
-  const std::size_t per_row = std::size_t(channels) * spatial;
-  for (std::size_t i = global_thread(); i < count; i += grid_threads()) {
-    const float v = y[i] + bias[(i / spatial) % channels];
-    y[i] = apply_dropout(v > 0.0f ? v : 0.0f, dropout, i / per_row, static_cast<std::uint32_t>(i % per_row));
-  }
+  for (std::size_t i = global_thread(); i < count; i += grid_threads())
+    y[i] = bias_relu_dropout_at(y, bias, i, channels, spatial, dropout);
 }
 
 static __global__ void relu_dropout_backward_kernel(const float* __restrict__ out, float* __restrict__ grad,
                                                     std::size_t count, float scale) {
   for (std::size_t i = global_thread(); i < count; i += grid_threads())
-    grad[i] = out[i] > 0.0f ? grad[i] * scale : 0.0f;
+    grad[i] = relu_dropout_backward_at(out, grad, i, scale);
 }
 
 void bias_relu_dropout(float* y, const float* bias, std::uint32_t rows, int channels, int spatial,

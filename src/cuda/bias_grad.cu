@@ -1,6 +1,6 @@
 // Bias gradients: a sum per channel over rows and positions, one block per channel.
 #include "block_sum.cuh"
-#include "kernels.hpp"
+#include "element_ops.hpp"
 #include "launch.cuh"
 
 namespace mnist_mt::cuda {
@@ -11,10 +11,7 @@ static __global__ void bias_grad_kernel(const float* __restrict__ dy, float* __r
   const int c = blockIdx.x;
   const std::size_t total = std::size_t(rows) * spatial;
   float sum = 0.0f;
-  for (std::size_t k = threadIdx.x; k < total; k += kBlock) {
-    const std::size_t row = k / spatial;
-    sum += dy[(row * channels + c) * spatial + k % spatial];
-  }
+  for (std::size_t k = threadIdx.x; k < total; k += kBlock) sum += bias_grad_term(dy, k, c, channels, spatial);
   sum = block_sum(sum, partial);
   if (threadIdx.x == 0) db[c] = sum;
 }

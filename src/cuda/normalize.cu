@@ -1,5 +1,5 @@
 // uint8 images to the network's input, on the device so only bytes cross PCIe.
-#include "kernels.hpp"
+#include "element_ops.hpp"
 #include "launch.cuh"
 
 namespace mnist_mt::cuda {
@@ -7,7 +7,7 @@ namespace mnist_mt::cuda {
 static __global__ void normalize_kernel(const std::uint8_t* __restrict__ images, float* __restrict__ out,
                                         std::size_t count, float mean, float std) {
   for (std::size_t i = global_thread(); i < count; i += grid_threads())
-    out[i] = (static_cast<float>(images[i]) / 255.0f - mean) / std;
+    out[i] = normalize_at(images, i, mean, std);
 }
 
 void normalize_images(const std::uint8_t* images, float* out, std::size_t count, float mean, float std,

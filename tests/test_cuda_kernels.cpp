@@ -1,0 +1,388 @@
+// Each CUDA kernel launcher (src/cuda/kernels.hpp), the cuDNN convolution and the cuBLAS
+// products, at batch sizes 1, 3, 64 and 256, against host references: element_ops.hpp's
+// functions for the own kernels (which test_cuda_reference checks against the CPU backend),
+// float64 loops for cuDNN and cuBLAS. cuDNN times its algorithms per batch size, so the
+// large batches compare the algorithms it picks there. Exits 77 (skipped) with no GPU.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda/conv.hpp"
+#include "cuda/element_ops.hpp"
+#include "cuda/errors.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/linear.hpp"
+#include "cuda/owners.hpp"
+#include "kernel_inputs.hpp"
+#include "mnist_mt/dataset.hpp"
+#include "mnist_mt/model.hpp"
+
+namespace mnist_mt::cuda {
+namespace {
+
+using testing_inputs::grid_values;
+using testing_inputs::same;
+using testing_inputs::sprinkle_nan;
+using testing_inputs::uniform;
+
+const std::uint32_t kBatches[] = {1, 3, 64, 256};
+constexpr DropoutKey kKey{0xfeed'beefULL, 5};
+
+template <typename T>
+DeviceBuffer<T> upload(const std::vector<T>& host, cudaStream_t stream) {
+  DeviceBuffer<T> d(std::max<std::size_t>(host.size(), 1));
+  CUDA_CHECK(cudaMemcpyAsync(d.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
+  return d;
+}
+
+template <typename T>
+std::vector<T> download(const DeviceBuffer<T>& d, std::size_t count, cudaStream_t stream) {
+  std::vector<T> host(count);
+  CUDA_CHECK(cudaMemcpyAsync(host.data(), d.data(), count * sizeof(T), cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host;
+}
+
+// A device buffer of NaNs (all bits set), so an element a kernel fails to write shows.
+DeviceBuffer<float> unwritten(std::size_t count, cudaStream_t stream) {
+  DeviceBuffer<float> d(count);
+  CUDA_CHECK(cudaMemsetAsync(d.data(), 0xff, d.bytes(), stream));
+  return d;
+}
+
+class CudaKernels : public ::testing::Test {
+ protected:
+  cudaStream_t stream() const { return stream_.get(); }
+
+  // Distinct global sample indices for n rows, on the host and the device.
+  void make_samples(std::uint32_t n) {
+    samples_.resize(n);
+    for (std::uint32_t r = 0; r < n; ++r) samples_[r] = 7919u * r + 11u;
+    device_samples_ = upload(samples_, stream());
+  }
+  DropoutArgs dropout(bool device, RandomStream s, float p) const {
+    if (p == 0.0f) return {};
+    return {device ? device_samples_.data() : samples_.data(), kKey.seed, kKey.epoch, s, p, 1.0f / (1.0f - p)};
+  }
+
+  StreamOwner stream_ = make_stream(0);
+  std::vector<std::uint32_t> samples_;
+  DeviceBuffer<std::uint32_t> device_samples_;
+};
+
+// Every elementwise kernel is compared bit for bit, NaN included: the device rounds each
+// fp32 add, multiply and divide as the host does, and none of them can be contracted into an FMA.
+TEST_F(CudaKernels, NormalizeImages) {
+  for (const std::uint32_t n : kBatches) {
+    std::vector<std::uint8_t> images(std::size_t{n} * kImageBytes);
+    std::mt19937 rng(n);
+    for (auto& b : images) b = static_cast<std::uint8_t>(rng());
+    const auto d_images = upload(images, stream());
+    const auto d_out = unwritten(images.size(), stream());
+    normalize_images(d_images.data(), d_out.data(), images.size(), kInputMean, kInputStd, stream());
+    const auto out = download(d_out, images.size(), stream());
+    for (std::size_t i = 0; i < out.size(); ++i)
+      ASSERT_EQ(out[i], normalize_at(images.data(), i, kInputMean, kInputStd)) << "batch " << n << " at " << i;
+  }
+}
+
+struct Layer {
+  int channels;
+  int spatial;
+};
+constexpr Layer kLayers[] = {{kConv1Channels, kConv1Side * kConv1Side}, {kConv2Channels, kConv2Side * kConv2Side},
+                             {kHidden, 1}, {10, 1}};
+
+TEST_F(CudaKernels, BiasReluDropoutAndBackward) {
+  for (const std::uint32_t n : kBatches)
+    for (const Layer layer : kLayers)
+      for (const float p : {0.0f, kDropout2}) {
+        SCOPED_TRACE(testing::Message() << "batch " << n << " channels " << layer.channels << " p " << p);
+        make_samples(n);
+        const std::size_t count = std::size_t{n} * layer.channels * layer.spatial;
+        std::vector<float> y = grid_values(count, 1);
+        const std::vector<float> bias = grid_values(layer.channels, 2);
+        sprinkle_nan(y, 101, 7);
+        const std::vector<float> grad = uniform(count, -1, 1, 3);
+        const auto d_y = upload(y, stream()), d_bias = upload(bias, stream()), d_grad = upload(grad, stream());
+        bias_relu_dropout(d_y.data(), d_bias.data(), n, layer.channels, layer.spatial,
+                          dropout(true, RandomStream::kDropout1, p), stream());
+        const auto out = download(d_y, count, stream());
+        const DropoutArgs args = dropout(false, RandomStream::kDropout1, p);
+        for (std::size_t i = 0; i < count; ++i)
+          ASSERT_TRUE(same(out[i], bias_relu_dropout_at(y.data(), bias.data(), i, layer.channels, layer.spatial, args)))
+              << "at " << i;
+        relu_dropout_backward(d_y.data(), d_grad.data(), count, args.scale, stream());
+        const auto back = download(d_grad, count, stream());
+        for (std::size_t i = 0; i < count; ++i)
+          ASSERT_TRUE(same(back[i], relu_dropout_backward_at(out.data(), grad.data(), i, args.scale))) << "at " << i;
+      }
+}
+
+TEST_F(CudaKernels, MaxPoolDropoutForwardAndBackward) {
+  constexpr int kSide = kPoolSide, kC = kConv2Channels;
+  for (const std::uint32_t n : kBatches)
+    for (const float p : {0.0f, kDropout1}) {
+      SCOPED_TRACE(testing::Message() << "batch " << n << " p " << p);
+      make_samples(n);
+      const std::size_t in_count = std::size_t{n} * kC * 4 * kSide * kSide, count = in_count / 4;
+      std::vector<float> in = grid_values(in_count, 4);
+      for (float& v : in) v = std::max(v, 0.0f);  // a ReLU's output, as in the network
+      sprinkle_nan(in, 257, 9);
+      const std::vector<float> grad_out = uniform(count, -1, 1, 5);
+      const auto d_in = upload(in, stream()), d_grad_out = upload(grad_out, stream());
+      const auto d_out = unwritten(count, stream()), d_grad_in = unwritten(in_count, stream());
+      const DropoutArgs args = dropout(false, RandomStream::kDropout0, p);
+      max_pool_dropout_forward(d_in.data(), d_out.data(), n, kC, kSide, dropout(true, RandomStream::kDropout0, p),
+                               stream());
+      const auto out = download(d_out, count, stream());
+      for (std::size_t i = 0; i < count; ++i)
+        ASSERT_TRUE(same(out[i], max_pool_dropout_forward_at(in.data(), i, kC * kSide * kSide, kSide, args)))
+            << "at " << i;
+      max_pool_dropout_backward(d_in.data(), d_out.data(), d_grad_out.data(), d_grad_in.data(), n, kC, kSide,
+                                args.scale, stream());
+      const auto grad_in = download(d_grad_in, in_count, stream());
+      std::vector<float> expected(in_count);
+      for (std::size_t i = 0; i < count; ++i)
+        max_pool_dropout_backward_at(in.data(), out.data(), grad_out.data(), expected.data(), i, kSide, args.scale);
+      for (std::size_t i = 0; i < in_count; ++i) ASSERT_TRUE(same(grad_in[i], expected[i])) << "at " << i;
+    }
+}
+
+// The kernel sums in its own fixed order: any fp32 order of m terms is within
+// m * 2^-24 * sum|term| of the exact sum, computed here in float64.
+TEST_F(CudaKernels, BiasGrad) {
+  for (const std::uint32_t n : kBatches)
+    for (const Layer layer : kLayers) {
+      SCOPED_TRACE(testing::Message() << "batch " << n << " channels " << layer.channels);
+      const std::vector<float> dy = uniform(std::size_t{n} * layer.channels * layer.spatial, -1, 1, 6);
+      const auto d_dy = upload(dy, stream());
+      const auto d_db = unwritten(layer.channels, stream());
+      bias_grad(d_dy.data(), d_db.data(), n, layer.channels, layer.spatial, stream());
+      const auto db = download(d_db, layer.channels, stream());
+      const std::size_t terms = std::size_t{n} * layer.spatial;
+      for (int c = 0; c < layer.channels; ++c) {
+        double sum = 0, magnitude = 0;
+        for (std::size_t k = 0; k < terms; ++k) {
+          const float t = bias_grad_term(dy.data(), k, c, layer.channels, layer.spatial);
+          sum += t;
+          magnitude += std::abs(t);
+        }
+        ASSERT_NEAR(db[c], sum, static_cast<double>(terms) * 0x1p-24 * magnitude) << "channel " << c;
+      }
+    }
+}
+
+// logprobs and dlogits: the device's expf and logf are within 2 and 1 ulp (CUDA
+// Programming Guide, "Mathematical Functions"), glibc's within 1: a few ulp of log_sum in
+// all, below 1e-5 of max(1, |value|). The counts are exact; the loss sums within that per row.
+TEST_F(CudaKernels, LogSoftmaxNll) {
+  for (const std::uint32_t n : {1u, 3u, 64u, 256u, 1000u}) {  // 1000: more rows than threads
+    SCOPED_TRACE(testing::Message() << "batch " << n);
+    const std::vector<float> z = grid_values(std::size_t{n} * kClasses, 7), bias = grid_values(kClasses, 8);
+    std::vector<std::uint8_t> labels(n);
+    std::mt19937 rng(n);
+    for (auto& l : labels) l = static_cast<std::uint8_t>(rng() % kClasses);
+    const std::vector<double> stats0 = {1.5, 2.0, 7.0};  // the kernel adds to the running stats
+    const auto d_z = upload(z, stream()), d_bias = upload(bias, stream());
+    const auto d_labels = upload(labels, stream());
+    const auto d_stats = upload(stats0, stream());
+    const auto d_lp = unwritten(z.size(), stream()), d_dl = unwritten(z.size(), stream());
+    const float denominator = static_cast<float>(2 * n);
+    log_softmax_nll(d_z.data(), d_bias.data(), d_labels.data(), n, denominator, d_lp.data(), d_dl.data(),
+                    d_stats.data(), stream());
+    const auto lp = download(d_lp, z.size(), stream()), dl = download(d_dl, z.size(), stream());
+    const auto stats = download(d_stats, 3, stream());
+    std::vector<float> ref_lp(z.size()), ref_dl(z.size());
+    double loss = 0, correct = 0, tolerance = 0;
+    for (std::uint32_t r = 0; r < n; ++r) {
+      const RowLoss row = log_softmax_nll_at(z.data(), bias.data(), labels.data(), r, denominator, ref_lp.data(),
+                                             ref_dl.data());
+      loss += row.nll;
+      correct += row.correct;
+      tolerance += 1e-5 * std::max(1.0f, row.nll);
+    }
+    for (std::size_t i = 0; i < z.size(); ++i) {
+      ASSERT_NEAR(lp[i], ref_lp[i], 1e-5 * std::max(1.0f, std::abs(ref_lp[i]))) << "logprob " << i;
+      ASSERT_NEAR(dl[i], ref_dl[i], 1e-5 / denominator) << "dlogit " << i;
+    }
+    EXPECT_NEAR(stats[0], stats0[0] + loss, tolerance);
+    EXPECT_EQ(stats[1], stats0[1] + correct);
+    EXPECT_EQ(stats[2], stats0[2] + n);
+  }
+}
+
+// Bitwise (sgd_at's explicit roundings), over more elements than one grid covers.
+TEST_F(CudaKernels, SgdUpdate) {
+  constexpr std::size_t kCount = (std::size_t{1} << 24) + 1001;
+  const std::vector<float> p0 = uniform(kCount, -1, 1, 9), g = uniform(kCount, -0.1f, 0.1f, 10);
+  const std::vector<float> m0 = uniform(kCount, -0.1f, 0.1f, 11);
+  for (const bool first : {true, false})
+    for (const float decay : {0.0f, 5e-4f}) {
+      SCOPED_TRACE(testing::Message() << "first " << first << " weight decay " << decay);
+      const SgdArgs args{0.05f, 0.9f, decay, first};
+      const auto d_p = upload(p0, stream()), d_g = upload(g, stream()), d_m = upload(m0, stream());
+      sgd_update(d_p.data(), d_g.data(), d_m.data(), kCount, args, stream());
+      const auto p = download(d_p, kCount, stream()), m = download(d_m, kCount, stream());
+      std::vector<float> ref_p = p0, ref_m = m0;
+      for (std::size_t i = 0; i < kCount; ++i) {
+        sgd_at(ref_p.data(), g.data(), ref_m.data(), i, args);
+        ASSERT_TRUE(same(p[i], ref_p[i]) && same(m[i], ref_m[i])) << "at " << i;
+      }
+    }
+}
+
+// ---- cuDNN and cuBLAS ----
+
+// Each value and the sum of |terms| behind it, in float64.
+struct Reference {
+  std::vector<double> value;
+  std::vector<double> magnitude;
+  explicit Reference(std::size_t count) : value(count), magnitude(count) {}
+  void add(std::size_t i, double term) {
+    value[i] += term;
+    magnitude[i] += std::abs(term);
+  }
+};
+
+// fp32 without TF32, but cuDNN may pick FFT or Winograd algorithms, whose rounding is
+// bounded by the magnitudes over a whole tile rather than term by term (about 1e-6 of the
+// sums of |terms| in the tile for these shapes), and cuBLAS may split long sums. So a
+// value may differ by 1e-4 of its sum of |terms|, but at least of a quarter of the largest
+// such sum (map borders have fewer terms than the tiles they share); a wrong layout,
+// transpose or channel offset moves values by a large part of those sums.
+constexpr double kLibraryTolerance = 1e-4;
+
+void expect_close(const std::vector<float>& got, const Reference& ref, const char* what) {
+  const double floor = *std::max_element(ref.magnitude.begin(), ref.magnitude.end()) / 4;
+  double largest = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], ref.value[i], kLibraryTolerance * std::max(ref.magnitude[i], floor)) << what << " at " << i;
+    largest = std::max(largest, std::abs(ref.value[i]));
+  }
+  EXPECT_GT(largest, 40 * kLibraryTolerance * floor) << what << ": values too small for the tolerance to tell";
+}
+
+constexpr ConvShape kConvs[] = {{1, int{kConv1Channels}, int{kImageSide}, 3},
+                                {int{kConv1Channels}, int{kConv2Channels}, int{kConv1Side}, 3}};
+constexpr std::size_t kWorkspaceCap = std::size_t{512} << 20;
+
+// x[n][c][in][in], w[k][c][3][3], y and dy [n][k][out][out]; every product of the valid
+// cross-correlation goes to y (forward), dw (backward filter) and dx (backward data).
+struct ConvReferences {
+  Reference y, dw, dx;
+};
+ConvReferences conv_references(const ConvShape& s, std::uint32_t n, const std::vector<float>& x,
+                               const std::vector<float>& w, const std::vector<float>& dy) {
+  const std::size_t in = s.in_side, out = s.out_side(), kk = s.kernel;
+  ConvReferences r{Reference(dy.size()), Reference(w.size()), Reference(x.size())};
+  for (std::size_t b = 0; b < n; ++b)
+    for (std::size_t k = 0; k < std::size_t(s.out_channels); ++k)
+      for (std::size_t c = 0; c < std::size_t(s.in_channels); ++c)
+        for (std::size_t ky = 0; ky < kk; ++ky)
+          for (std::size_t kx = 0; kx < kk; ++kx) {
+            const std::size_t wi = ((k * s.in_channels + c) * kk + ky) * kk + kx;
+            const double wv = w[wi];
+            for (std::size_t oy = 0; oy < out; ++oy)
+              for (std::size_t ox = 0; ox < out; ++ox) {
+                const std::size_t xi = ((b * s.in_channels + c) * in + oy + ky) * in + ox + kx;
+                const std::size_t yi = ((b * s.out_channels + k) * out + oy) * out + ox;
+                r.y.add(yi, wv * x[xi]);
+                r.dw.add(wi, double{dy[yi]} * x[xi]);
+                r.dx.add(xi, double{dy[yi]} * wv);
+              }
+          }
+  return r;
+}
+
+TEST_F(CudaKernels, Conv2dForwardAndBackward) {
+  const CudnnOwner cudnn = make_cudnn(stream());
+  for (const ConvShape& shape : kConvs)
+    for (const std::uint32_t n : kBatches) {
+      SCOPED_TRACE(testing::Message() << "batch " << n << " channels " << shape.in_channels << "->"
+                                      << shape.out_channels);
+      const std::size_t in = shape.in_side, out = shape.out_side();
+      const std::vector<float> x = uniform(std::size_t{n} * shape.in_channels * in * in, -1, 1, 12);
+      const std::vector<float> w = uniform(std::size_t(shape.out_channels) * shape.in_channels * 9, -0.5f, 0.5f, 13);
+      const std::vector<float> dy = uniform(std::size_t{n} * shape.out_channels * out * out, -1, 1, 14);
+      const ConvReferences ref = conv_references(shape, n, x, w, dy);
+      const auto d_x = upload(x, stream()), d_w = upload(w, stream()), d_dy = upload(dy, stream());
+      // Tuned at this batch (cuDNN's timed choice), then tuned at the largest and run at
+      // this one (its heuristics' choice, as for an evaluation's last batch).
+      for (const bool tuned_here : {true, false}) {
+        if (!tuned_here && n == kBatches[3]) continue;
+        SCOPED_TRACE(tuned_here ? "timed" : "heuristic");
+        Conv2d conv(shape, BackendOptions{}, true);
+        const std::size_t bytes = conv.tune(cudnn.get(), static_cast<int>(tuned_here ? n : kBatches[3]), kWorkspaceCap);
+        const DeviceBuffer<std::uint8_t> ws(std::max<std::size_t>(bytes, 256));
+        const Workspace space{ws.data(), ws.bytes()};
+        const auto d_y = unwritten(dy.size(), stream()), d_dw = unwritten(w.size(), stream());
+        const auto d_dx = unwritten(x.size(), stream());
+        const int rows = static_cast<int>(n);
+        conv.forward(cudnn.get(), rows, d_x.data(), d_w.data(), d_y.data(), space);
+        conv.backward_filter(cudnn.get(), rows, d_x.data(), d_dy.data(), d_dw.data(), space);
+        conv.backward_data(cudnn.get(), rows, d_w.data(), d_dy.data(), d_dx.data(), space);
+        expect_close(download(d_y, dy.size(), stream()), ref.y, "forward");
+        expect_close(download(d_dw, w.size(), stream()), ref.dw, "backward filter");
+        expect_close(download(d_dx, x.size(), stream()), ref.dx, "backward data");
+      }
+    }
+}
+
+struct Fc {
+  int in;
+  int out;
+};
+
+TEST_F(CudaKernels, LinearForwardAndBackward) {
+  cublasHandle_t raw = nullptr;
+  CUBLAS_CHECK(cublasCreate(&raw));
+  const CublasOwner cublas(raw);
+  CUBLAS_CHECK(cublasSetStream(raw, stream()));
+  CUBLAS_CHECK(cublasSetMathMode(raw, CUBLAS_DEFAULT_MATH));  // fp32, as the replica without TF32
+  for (const Fc fc : {Fc{int{kFlat}, int{kHidden}}, Fc{int{kHidden}, 10}})
+    for (const std::uint32_t n : kBatches) {
+      SCOPED_TRACE(testing::Message() << "batch " << n << " " << fc.in << "->" << fc.out);
+      const std::size_t in = fc.in, out = fc.out;
+      const std::vector<float> x = uniform(n * in, -1, 1, 15), w = uniform(out * in, -0.1f, 0.1f, 16);
+      const std::vector<float> dy = uniform(n * out, -1, 1, 17);
+      Reference y(n * out), dw(out * in), dx(n * in);
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t o = 0; o < out; ++o)
+          for (std::size_t i = 0; i < in; ++i) {
+            y.add(r * out + o, double{x[r * in + i]} * w[o * in + i]);
+            dw.add(o * in + i, double{dy[r * out + o]} * x[r * in + i]);
+            dx.add(r * in + i, double{dy[r * out + o]} * w[o * in + i]);
+          }
+      const auto d_x = upload(x, stream()), d_w = upload(w, stream()), d_dy = upload(dy, stream());
+      const auto d_y = unwritten(y.value.size(), stream()), d_dw = unwritten(w.size(), stream());
+      const auto d_dx = unwritten(x.size(), stream());
+      const int rows = static_cast<int>(n);
+      linear_forward(raw, d_x.data(), d_w.data(), d_y.data(), rows, fc.in, fc.out);
+      linear_backward_weight(raw, d_x.data(), d_dy.data(), d_dw.data(), rows, fc.in, fc.out);
+      linear_backward_data(raw, d_w.data(), d_dy.data(), d_dx.data(), rows, fc.in, fc.out);
+      expect_close(download(d_y, y.value.size(), stream()), y, "forward");
+      expect_close(download(d_dw, w.size(), stream()), dw, "backward weight");
+      expect_close(download(d_dx, x.size(), stream()), dx, "backward data");
+    }
+}
+
+}  // namespace
+}  // namespace mnist_mt::cuda
+
+int main(int argc, char** argv) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("test_cuda_kernels: no CUDA device, skipped\n");
+    return 77;  // meson's "skipped"
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,287 @@
+// The CUDA kernels' per-element math (src/cuda/element_ops.hpp, compiled here by the host
+// compiler) against the CPU backend's own kernels, through what both promise: PyTorch's
+// NCHW and flatten orders (the CPU's nChw{B}c maps are converted), the same Philox keys.
+// Where the two round alike the results are compared bit for bit; sums whose order
+// differs, and the loss (fp32 on the GPU, fp64 on the CPU), within a stated tolerance.
+// No CUDA runtime: this runs in every build, sanitizers included. The GPU test
+// (test_cuda_kernels.cpp) checks each kernel against these same functions.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "cpu/conv1.hpp"
+#include "cpu/isa.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/pool.hpp"
+#include "cuda/element_ops.hpp"
+#include "kernel_inputs.hpp"
+#include "mnist_mt/dataset.hpp"
+#include "mnist_mt/model.hpp"
+
+namespace mnist_mt {
+namespace {
+
+using testing_inputs::grid_values;
+using testing_inputs::same;
+using testing_inputs::sprinkle_nan;
+using testing_inputs::uniform;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr DropoutKey kKey{0x1234'5678'9abcULL, 3};
+const std::uint32_t kSamples[] = {17, 59'999, 4};  // global indices of the rows
+constexpr std::uint32_t kRows = 3;
+
+// Index of NCHW element i of a rows x channels x side x side map in nChw{B}c.
+std::size_t blocked(std::size_t i, std::size_t channels, std::size_t side, std::size_t block) {
+  const std::size_t plane = side * side, n = i / (channels * plane), c = i / plane % channels, at = i % plane;
+  return ((n * (channels / block) + c / block) * plane + at) * block + c % block;
+}
+
+cuda::DropoutArgs dropout_args(RandomStream stream, float p) {
+  return {kSamples, kKey.seed, kKey.epoch, stream, p, 1.0f / (1.0f - p)};  // as cuda/replica.cpp
+}
+
+class CudaReference : public ::testing::Test {
+ protected:
+  cpu::Isa isa_ = cpu::kernel_isa();
+  std::size_t block_ = cpu::channel_block(isa_);
+};
+
+TEST_F(CudaReference, NormalizeMatchesTheCpuBitwise) {
+  std::vector<std::uint8_t> pixels(256);
+  for (int v = 0; v < 256; ++v) pixels[v] = static_cast<std::uint8_t>(v);
+  std::vector<float> cpu_out(256);
+  cpu::normalise_images(pixels.data(), pixels.size(), cpu_out.data());
+  for (std::size_t i = 0; i < 256; ++i)
+    ASSERT_EQ(cuda::normalize_at(pixels.data(), i, kInputMean, kInputStd), cpu_out[i]) << "pixel " << i;
+  EXPECT_NE(cpu_out[0], cpu_out[255]);
+}
+
+// fc1's bias + ReLU + dropout (spatial 1). On the CPU oneDNN adds fc1's bias and applies
+// the ReLU, so those are written out here (NaN passing, as std::max does), then its dropout.
+TEST_F(CudaReference, BiasReluDropoutMatchesTheCpuDropout) {
+  const int channels = static_cast<int>(kHidden);
+  std::vector<float> y = grid_values(kRows * kHidden, 1);
+  const std::vector<float> bias = grid_values(kHidden, 2);
+  sprinkle_nan(y, 37, 5);  // NaN passes the ReLU and stays NaN when dropped
+  std::vector<float> cpu_out(y.size());
+  for (std::size_t i = 0; i < y.size(); ++i) cpu_out[i] = std::max(y[i] + bias[i % kHidden], 0.0f);
+  cpu::dropout_forward(kKey, kSamples, kRows, RandomStream::kDropout1, kHidden, kDropout2, cpu_out.data());
+  const cuda::DropoutArgs args = dropout_args(RandomStream::kDropout1, kDropout2);
+  std::size_t kept = 0, dropped = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const float ref = cuda::bias_relu_dropout_at(y.data(), bias.data(), i, channels, 1, args);
+    ASSERT_TRUE(same(ref, cpu_out[i])) << "element " << i << ": " << ref << " vs " << cpu_out[i];
+    const float relu = std::max(y[i] + bias[i % kHidden], 0.0f);
+    kept += relu > 0 && ref > 0;
+    dropped += relu > 0 && ref == 0;
+  }
+  EXPECT_GT(kept, 20u);  // both outcomes occur, so the masks were compared
+  EXPECT_GT(dropped, 20u);
+}
+
+// conv1's bias + ReLU: with only the centre tap set to 1, conv1(x) is exact, x[y+1][x+1]
+// (or NaN where its window has one), so conv1(x) + b rounds once, alike on both sides.
+TEST_F(CudaReference, BiasReluMatchesCpuConv1) {
+  constexpr int kC = kConv1Channels, kP = kConv1Side * kConv1Side;
+  std::vector<float> x = uniform(kRows * kImageSide * kImageSide, -1, 1, 3);
+  const std::vector<float> bias = uniform(kC, -1, 1, 4);
+  sprinkle_nan(x, 211, 100);
+  std::vector<float> w(kC * 9, 0.0f);
+  for (int c = 0; c < kC; ++c) w[c * 9 + 4] = 1.0f;
+  std::vector<float> cpu_out(std::size_t{kRows} * kC * kP);
+  cpu::conv1_kernels(isa_).forward(x.data(), w.data(), bias.data(), kRows, cpu_out.data());
+  std::vector<float> conv(cpu_out.size());  // conv1(x) without bias, NCHW
+  for (std::size_t i = 0; i < conv.size(); ++i) {
+    const std::size_t n = i / (kC * kP), at = i % kP;
+    conv[i] = 0.0f;
+    for (std::size_t t = 0; t < 9; ++t)
+      conv[i] += w[t] * x[(n * kImageSide + at / kConv1Side + t / 3) * kImageSide + at % kConv1Side + t % 3];
+  }
+  std::size_t positive = 0, nan = 0;
+  for (std::size_t i = 0; i < conv.size(); ++i) {
+    const float ref = cuda::bias_relu_dropout_at(conv.data(), bias.data(), i, kC, kP, {});
+    const float got = cpu_out[blocked(i, kC, kConv1Side, block_)];
+    ASSERT_TRUE(same(ref, got)) << "element " << i << ": " << ref << " vs " << got;
+    positive += ref > 0;
+    nan += std::isnan(ref);
+  }
+  EXPECT_GT(nan, 0u);
+  EXPECT_GT(positive, conv.size() / 4);
+  EXPECT_LT(positive, conv.size() * 3 / 4);
+}
+
+// conv2's bias + ReLU, the 2x2 max-pool and dropout1, forward and backward, against the
+// CPU's fused ReLU + pool (on conv2's output with oneDNN's bias added) and its dropout.
+TEST_F(CudaReference, PoolDropoutMatchesCpuPool) {
+  constexpr int kC = kConv2Channels, kP = kConv2Side * kConv2Side;
+  std::vector<float> pre = grid_values(std::size_t{kRows} * kC * kP, 5);
+  const std::vector<float> bias = grid_values(kC, 6);
+  sprinkle_nan(pre, 1009, 3);  // a NaN is its window's maximum and gets no gradient
+  const cuda::DropoutArgs drop = dropout_args(RandomStream::kDropout0, kDropout1);
+  std::vector<float> a2(pre.size()), pooled(kRows * kFlat);
+  for (std::size_t i = 0; i < a2.size(); ++i) a2[i] = cuda::bias_relu_dropout_at(pre.data(), bias.data(), i, kC, kP, {});
+  for (std::size_t i = 0; i < pooled.size(); ++i)
+    pooled[i] = cuda::max_pool_dropout_forward_at(a2.data(), i, kFlat, kPoolSide, drop);
+
+  std::vector<float> in(pre.size()), flat(pooled.size());
+  for (std::size_t i = 0; i < pre.size(); ++i) in[blocked(i, kC, kConv2Side, block_)] = pre[i] + bias[i / kP % kC];
+  std::vector<std::uint8_t> argmax(pooled.size());
+  const cpu::PoolKernels pool = cpu::pool_kernels(isa_);
+  pool.forward(in.data(), kRows, flat.data(), argmax.data());
+  cpu::dropout_forward(kKey, kSamples, kRows, RandomStream::kDropout0, kFlat, kDropout1, flat.data());
+  for (std::size_t i = 0; i < pooled.size(); ++i)
+    ASSERT_TRUE(same(pooled[i], flat[i])) << "pooled " << i << ": " << pooled[i] << " vs " << flat[i];
+  EXPECT_GT(std::count_if(pooled.begin(), pooled.end(), [](float v) { return std::isnan(v); }), 0);
+
+  const std::vector<float> d_out = uniform(pooled.size(), -1, 1, 7);
+  std::vector<float> da2(pre.size(), kNaN), d_flat = d_out, d_in(pre.size(), kNaN);  // NaN: unwritten
+  for (std::size_t i = 0; i < pooled.size(); ++i)
+    cuda::max_pool_dropout_backward_at(a2.data(), pooled.data(), d_out.data(), da2.data(), i, kPoolSide, drop.scale);
+  cpu::relu_dropout_backward(flat.data(), drop.scale, flat.size(), d_flat.data());
+  pool.backward(d_flat.data(), argmax.data(), kRows, d_in.data());
+  std::size_t passed = 0;
+  for (std::size_t i = 0; i < da2.size(); ++i) {
+    const float got = d_in[blocked(i, kC, kConv2Side, block_)];
+    ASSERT_FALSE(std::isnan(da2[i])) << "gradient " << i << " unwritten";
+    ASSERT_TRUE(same(da2[i], got)) << "gradient " << i << ": " << da2[i] << " vs " << got;
+    passed += da2[i] != 0;
+  }
+  // Ties between positive maxima are common on this grid, so "first maximum" was decided.
+  std::size_t ties = 0;
+  for (std::size_t i = 0; i < pooled.size(); ++i) {
+    const float* w = a2.data() + cuda::window_offset(i, kPoolSide);
+    const float v[4] = {w[0], w[1], w[2 * kPoolSide], w[2 * kPoolSide + 1]};
+    const float m = *std::max_element(v, v + 4);
+    ties += m > 0 && std::count(v, v + 4, m) > 1;
+  }
+  EXPECT_GT(ties, pooled.size() / 20);
+  EXPECT_GT(passed, pooled.size() / 4);
+}
+
+// The bias gradient's terms, summed here in fp64, against conv1's bias gradient on the
+// CPU (ReLU's backward applied there, relu_dropout_backward_at here). Tolerance: any fp32
+// summation order of n terms is within n * 2^-24 * sum|term| of the exact sum.
+TEST_F(CudaReference, BiasGradMatchesCpuConv1) {
+  constexpr int kC = kConv1Channels, kP = kConv1Side * kConv1Side;
+  const std::vector<float> x = uniform(kRows * kImageSide * kImageSide, -1, 1, 8);  // ReLU cuts about half
+  const std::vector<float> w = uniform(kC * 9, -0.5, 0.5, 9), b = uniform(kC, -0.3f, 0.3f, 10);
+  const std::vector<float> d_out = uniform(std::size_t{kRows} * kC * kP, -1, 1, 11);
+  std::vector<float> out_b(d_out.size()), d_out_b(d_out.size()), a1(d_out.size()), da1(d_out.size());
+  const cpu::Conv1Kernels conv1 = cpu::conv1_kernels(isa_);
+  conv1.forward(x.data(), w.data(), b.data(), kRows, out_b.data());
+  for (std::size_t i = 0; i < d_out.size(); ++i) {
+    a1[i] = out_b[blocked(i, kC, kConv1Side, block_)];
+    d_out_b[blocked(i, kC, kConv1Side, block_)] = d_out[i];
+  }
+  std::vector<float> dw(kC * 9), db(kC);
+  conv1.backward_weights(x.data(), out_b.data(), d_out_b.data(), kRows, dw.data(), db.data());
+  for (std::size_t i = 0; i < da1.size(); ++i) da1[i] = cuda::relu_dropout_backward_at(a1.data(), d_out.data(), i, 1.0f);
+  const std::size_t terms = std::size_t{kRows} * kP;
+  int masked = 0;  // channels whose sum the mask changes beyond the tolerance
+  for (int c = 0; c < kC; ++c) {
+    double sum = 0, magnitude = 0, unmasked = 0;
+    for (std::size_t k = 0; k < terms; ++k) {
+      const float t = cuda::bias_grad_term(da1.data(), k, c, kC, kP);
+      sum += t;
+      magnitude += std::abs(t);
+      unmasked += cuda::bias_grad_term(d_out.data(), k, c, kC, kP);
+    }
+    const double tolerance = static_cast<double>(terms) * 0x1p-24 * magnitude;
+    EXPECT_NEAR(db[c], sum, tolerance) << "channel " << c;
+    masked += std::abs(unmasked - sum) > 4 * tolerance;
+  }
+  EXPECT_GE(masked, kC * 3 / 4);
+}
+
+// Tolerance: the GPU's row math is fp32 (expf, logf, a 10-term sum), the CPU's fp64 rounded
+// once; the difference stays below 1e-5 of max(1, |value|) (a few ulp of log_sum).
+TEST_F(CudaReference, LogSoftmaxNllMatchesTheCpu) {
+  constexpr std::uint32_t kBatch = 64;
+  const std::vector<float> z = grid_values(kBatch * cuda::kClasses, 12), bias = grid_values(cuda::kClasses, 13);
+  std::vector<std::uint8_t> labels(kBatch);
+  std::mt19937 rng(14);
+  for (std::uint32_t r = 0; r < kBatch; ++r) {  // a quarter labelled with their first maximum
+    const float* row = z.data() + r * cuda::kClasses;
+    std::vector<float> logit(row, row + cuda::kClasses);
+    for (int k = 0; k < cuda::kClasses; ++k) logit[k] += bias[k];
+    labels[r] = r % 4 ? rng() % cuda::kClasses : std::max_element(logit.begin(), logit.end()) - logit.begin();
+  }
+  std::vector<float> logits(z.size()), cpu_lp(z.size()), cpu_dl(z.size()), lp(z.size()), dl(z.size());
+  for (std::size_t i = 0; i < z.size(); ++i) logits[i] = z[i] + bias[i % cuda::kClasses];
+  cpu::LossSums sums;
+  cpu::log_softmax_nll(logits.data(), labels.data(), kBatch, 128.0f, cpu_lp.data(), cpu_dl.data(), sums);
+  double loss = 0, correct = 0, loss_tolerance = 0;
+  for (std::uint32_t r = 0; r < kBatch; ++r) {
+    const cuda::RowLoss row = cuda::log_softmax_nll_at(z.data(), bias.data(), labels.data(), r, 128.0f, lp.data(),
+                                                       dl.data());
+    loss += row.nll;
+    correct += row.correct;
+    loss_tolerance += 1e-5 * std::max(1.0f, row.nll);
+  }
+  for (std::size_t i = 0; i < z.size(); ++i) {
+    ASSERT_NEAR(lp[i], cpu_lp[i], 1e-5 * std::max(1.0f, std::abs(cpu_lp[i]))) << "logprob " << i;
+    ASSERT_NEAR(dl[i], cpu_dl[i], 1e-5 / 128.0) << "dlogit " << i;
+  }
+  EXPECT_NEAR(loss, sums.loss, loss_tolerance);
+  EXPECT_EQ(correct, sums.correct);
+  EXPECT_GE(correct, kBatch / 4);  // ties resolved to the first maximum, as the labels assume
+  EXPECT_LT(correct, kBatch);
+}
+
+// A NaN logit: both sides give NaN for that row and keep the first finite maximum.
+TEST_F(CudaReference, LogSoftmaxNllPassesNaN) {
+  const float z[cuda::kClasses] = {0.5f, 2.0f, kNaN, 2.0f, -1, 0, 0, 0, 0, 0}, bias[cuda::kClasses] = {};
+  const std::uint8_t label = 1;
+  float cpu_lp[cuda::kClasses], cpu_dl[cuda::kClasses], lp[cuda::kClasses], dl[cuda::kClasses];
+  cpu::LossSums sums;
+  cpu::log_softmax_nll(z, &label, 1, 1.0f, cpu_lp, cpu_dl, sums);
+  const cuda::RowLoss row = cuda::log_softmax_nll_at(z, bias, &label, 0, 1.0f, lp, dl);
+  for (int k = 0; k < cuda::kClasses; ++k) {
+    EXPECT_TRUE(std::isnan(lp[k]) && std::isnan(cpu_lp[k])) << k;
+    EXPECT_TRUE(std::isnan(dl[k]) && std::isnan(cpu_dl[k])) << k;
+  }
+  EXPECT_TRUE(std::isnan(row.nll) && std::isnan(sums.loss));
+  EXPECT_TRUE(row.correct);
+  EXPECT_EQ(sums.correct, 1);
+}
+
+// Bitwise against the CPU's portable variant: SSE2 has no fused multiply-add, so it rounds
+// every product and sum as sgd_at does. GCC builds the AVX2 and AVX-512 variants with its
+// C++ default -ffp-contract=fast and fuses them: each fused step is within an ulp of the
+// separate roundings, so those agree within 2^-22 of each step's operands.
+TEST_F(CudaReference, SgdMatchesTheCpu) {
+  constexpr std::size_t kCount = 4099;  // not a multiple of any vector width
+  for (const bool first : {true, false})
+    for (const float decay : {0.0f, 5e-4f}) {
+      SCOPED_TRACE(testing::Message() << "first " << first << " weight decay " << decay);
+      const std::vector<float> p0 = uniform(kCount, -1, 1, 15), g = uniform(kCount, -0.1f, 0.1f, 16);
+      const std::vector<float> m0 = uniform(kCount, -0.1f, 0.1f, 17);
+      std::vector<float> p = p0, m = m0, cpu_p = p0, cpu_m = m0, isa_p = p0, isa_m = m0;
+      cpu::element_kernels(cpu::Isa::kPortable).sgd_update(cpu_p.data(), g.data(), cpu_m.data(), kCount,
+                                                          {0.05f, 0.9f, decay}, first);
+      cpu::sgd_update(isa_p.data(), g.data(), isa_m.data(), kCount, {0.05f, 0.9f, decay}, first);
+      const cuda::SgdArgs args{0.05f, 0.9f, decay, first};
+      std::size_t moved = 0, fused_differs = 0;
+      for (std::size_t i = 0; i < kCount; ++i) {
+        cuda::sgd_at(p.data(), g.data(), m.data(), i, args);
+        ASSERT_TRUE(same(p[i], cpu_p[i])) << "param " << i << ": " << p[i] << " vs " << cpu_p[i];
+        ASSERT_TRUE(same(m[i], cpu_m[i])) << "momentum " << i;
+        const double step = std::abs(g[i]) + decay * std::abs(p0[i]) + (first ? 0 : 0.9 * std::abs(m0[i]));
+        ASSERT_NEAR(isa_m[i], m[i], 0x1p-22 * step) << "momentum " << i;
+        ASSERT_NEAR(isa_p[i], p[i], 0x1p-22 * (std::abs(p0[i]) + 0.05 * step)) << "param " << i;
+        moved += p[i] != p0[i];
+        fused_differs += std::fma(-0.05f, m[i], p0[i]) != p[i];
+      }
+      EXPECT_GT(moved, kCount / 2);
+      EXPECT_GT(fused_differs, 0u);  // so a fused multiply-add on either side would show
+    }
+}
+
+}  // namespace
+}  // namespace mnist_mt
