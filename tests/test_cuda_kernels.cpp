@@ -2,14 +2,13 @@
 // products, at batch sizes 1, 3, 64 and 256, against host references: element_ops.hpp's
 // functions for the own kernels (which test_cuda_reference checks against the CPU backend),
 // float64 loops for cuDNN and cuBLAS. cuDNN times its algorithms per batch size, so the
-// large batches compare the algorithms it picks there. Exits 77 (skipped) with no GPU.
+// large batches compare the algorithms it picks there. Needs a GPU (gpu_main.cpp).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -376,13 +375,3 @@ TEST_F(CudaKernels, LinearForwardAndBackward) {
 
 }  // namespace
 }  // namespace mnist_mt::cuda
-
-int main(int argc, char** argv) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("test_cuda_kernels: no CUDA device, skipped\n");
-    return 77;  // meson's "skipped"
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}
