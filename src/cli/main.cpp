@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mnist_mt/backend.hpp"
+#include "mnist_mt/data_source.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/trainer.hpp"
