@@ -1,11 +1,8 @@
 #pragma once
 // Runs the mnist_mt executable as a user does, with a deadline, and makes small data
 // sets for it: what the CLI tests share.
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 

@@ -10,25 +10,15 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.hpp"
+#include "loopback_port.hpp"
 
 namespace {
 
 using namespace cli_test;
 using Json = nlohmann::json;
 
-// A loopback port where nothing listens: one that was just free.
 std::string closed_port() {
-  static const std::string port = [] {
-    const int s = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-    socklen_t len = sizeof addr;
-    getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len);
-    close(s);
-    return std::to_string(ntohs(addr.sin_port));
-  }();
+  static const std::string port = closed_loopback_port();
   return port;
 }
 

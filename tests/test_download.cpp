@@ -3,11 +3,8 @@
 // (download_internal.hpp): a good mirror, files already present, 404, a truncated
 // body, a wrong checksum, a stalled connection, a refused connection, a re-compressed
 // copy, and a good second mirror after a bad first one. Nothing beyond 127.0.0.1.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -23,6 +20,7 @@
 #include "catalog.hpp"
 #include "download_internal.hpp"
 #include "file_io.hpp"
+#include "loopback_port.hpp"
 #include "md5.hpp"
 #include "mnist_mt/data_source.hpp"
 #include "mnist_mt/dataset.hpp"
@@ -213,16 +211,7 @@ TEST_F(Download, AStalledConnectionTimesOutAndTheNextMirrorServes) {
 }
 
 TEST_F(Download, ARefusedConnectionIsReportedAndTheNextMirrorServes) {
-  // A port that was just free on 127.0.0.1: nothing listens there.
-  const int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  close(s);
-  const std::string refused = "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/";
+  const std::string refused = "http://127.0.0.1:" + closed_loopback_port() + "/";
   const std::string what = failure({refused});
   EXPECT_NE(what.find("onnect"), std::string::npos) << what;  // libcurl: "Failed to connect ..."
   download({refused, "good"});
