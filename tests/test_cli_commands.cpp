@@ -6,11 +6,13 @@
 // downloads run behind a proxy setting that points at a closed loopback port.
 #include <gtest/gtest.h>
 #include <png.h>
+#include <poll.h>
+#include <pty.h>
 
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.hpp"
-#include "loopback_port.hpp"
+#include "loopback.hpp"
 
 namespace {
 
@@ -193,6 +195,69 @@ TEST(CliDownload, DebiansFashionMnistIsPresentAndVerifiedSoNothingIsFetched) {
     ++verified;
   }
   EXPECT_EQ(verified, 4) << o.out;
+}
+
+// Runs mnist_mt with a terminal for stdout and stderr; returns the exit code and what
+// the terminal showed.
+Outcome run_on_terminal(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                        std::chrono::seconds deadline) {
+  const char* exe = std::getenv("MNIST_MT_EXE");
+  std::vector<char*> argv{const_cast<char*>(exe)};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  int terminal = -1;
+  const pid_t pid = forkpty(&terminal, nullptr, nullptr, nullptr);
+  if (pid == 0) {
+    for (const std::string& entry : env) putenv(const_cast<char*>(entry.c_str()));
+    execv(exe, argv.data());
+    _exit(127);
+  }
+  Outcome o;
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  char buffer[4096];
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{terminal, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = read(terminal, buffer, sizeof buffer);
+    if (n <= 0) break;  // EIO: the program closed the terminal
+    o.out.append(buffer, static_cast<std::size_t>(n));
+  }
+  close(terminal);
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > until) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return o;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return o;
+}
+
+TEST(CliDownload, FetchesFromALoopbackMirrorWithProgressOnATerminalAndTrainsOnIt) {
+  const fs::path debian = "/usr/share/datasets/fashion-mnist";
+  if (!fs::exists(debian)) GTEST_SKIP() << debian << " is not installed (scripts/setup.sh installs it)";
+  const LoopbackServer server(debian);  // Debian's re-compressed files: they verify by content
+  const fs::path dir = scratch_dir() / "fetched";
+  const std::string mirror = server.base() + "good/";
+  const Outcome o = run_on_terminal({"--dataset", "fashion-mnist", "--download", "--mirror", mirror, "--data",
+                                     dir.string(), "--cpu", "1", "--epochs", "1", "--max-steps", "2"},
+                                    no_network(), 120s);
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  EXPECT_NE(o.out.find("\rtrain-images-idx3-ubyte.gz: 100% of 26.4 MB"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find(dir.string() + "/train-images-idx3-ubyte.gz: fetched from " + mirror +
+                       "train-images-idx3-ubyte.gz, verified"),
+            std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("60000 training and 10000 test images"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("epoch 1: train loss"), std::string::npos) << o.out;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz",
+                                             "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"}));
 }
 
 }  // namespace

@@ -4,8 +4,6 @@
 // body, a wrong checksum, a stalled connection, a refused connection, a re-compressed
 // copy, and a good second mirror after a bad first one. Nothing beyond 127.0.0.1.
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -13,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,7 +19,7 @@
 #include "catalog.hpp"
 #include "download_internal.hpp"
 #include "file_io.hpp"
-#include "loopback_port.hpp"
+#include "loopback.hpp"
 #include "md5.hpp"
 #include "mnist_mt/data_source.hpp"
 #include "mnist_mt/dataset.hpp"
@@ -83,40 +82,14 @@ class Download : public ::testing::Test {
       spec_.files[i] = {files[i].first, mnist_mt::md5_hex(mnist_mt::read_file_bytes(gz, 1 << 20)),
                         mnist_mt::md5_hex(files[i].second), files[i].second.size()};
     }
-    start_server();
+    server_ = std::make_unique<LoopbackServer>(served_);
+    base_ = server_->base();
   }
 
   void TearDown() override {
-    if (server_ > 0) {
-      kill(server_, SIGTERM);
-      waitpid(server_, nullptr, 0);
-    }
+    server_.reset();
     fs::remove_all(served_);
     fs::remove_all(dir_);
-  }
-
-  void start_server() {
-    int out[2];
-    ASSERT_EQ(pipe(out), 0);
-    const std::string script = std::string(std::getenv("MNIST_MT_SOURCE_ROOT")) + "/tests/loopback_server.py";
-    server_ = fork();
-    if (server_ == 0) {
-      dup2(out[1], STDOUT_FILENO);
-      close(out[0]);
-      execlp("python3", "python3", script.c_str(), served_.c_str(), "--stall", "20", "--lifetime", "120", nullptr);
-      _exit(127);
-    }
-    close(out[1]);
-    char line[32] = {};
-    ssize_t got = 0;
-    while (got < static_cast<ssize_t>(sizeof line) - 1) {
-      const ssize_t n = read(out[0], line + got, 1);
-      if (n <= 0 || line[got] == '\n') break;
-      got += n;
-    }
-    close(out[0]);
-    ASSERT_GT(got, 0) << "the loopback server did not start";
-    base_ = "http://127.0.0.1:" + std::string(line, static_cast<std::size_t>(got)) + "/";
   }
 
   // Runs the download from these mirrors (prefixes on the loopback server, or URLs).
@@ -155,7 +128,7 @@ class Download : public ::testing::Test {
 
   DatasetSpec spec_;
   fs::path served_, dir_;
-  pid_t server_ = -1;
+  std::unique_ptr<LoopbackServer> server_;
   std::string base_;
   std::string log_;
 };

@@ -38,16 +38,22 @@ std::size_t append(char* data, std::size_t size, std::size_t count, void* user) 
 
 struct ProgressLine {
   std::string name;
-  curl_off_t shown = -1;
+  curl_off_t total = 0;
+  curl_off_t mark = -1;  // the percent shown, or 256 KiB units while the size is unknown
+  bool shown = false;
 };
 
+// Redraws the line only when what it says changes.
 int show_progress(void* user, curl_off_t total, curl_off_t now, curl_off_t, curl_off_t) {
   auto* line = static_cast<ProgressLine*>(user);
-  const curl_off_t step = 256 * 1024;  // redraw every 256 KiB
-  if (now / step == line->shown / step && now != total) return 0;
-  line->shown = now;
+  if (now == 0) return 0;
+  const curl_off_t mark = total > 0 ? 100 * now / total : now / (256 * 1024);
+  if (mark == line->mark && total == line->total) return 0;
+  line->mark = mark;
+  line->total = total;
+  line->shown = true;
   if (total > 0) {
-    std::fprintf(stderr, "\r%s: %3d%% of %.1f MB", line->name.c_str(), static_cast<int>(100 * now / total),
+    std::fprintf(stderr, "\r%s: %3d%% of %.1f MB", line->name.c_str(), static_cast<int>(mark),
                  static_cast<double>(total) / 1e6);
   } else {
     std::fprintf(stderr, "\r%s: %.1f MB", line->name.c_str(), static_cast<double>(now) / 1e6);
@@ -95,7 +101,7 @@ Fetched fetch(const std::string& url, const FetchLimits& limits, ProgressLine* p
     curl_easy_setopt(c, CURLOPT_XFERINFODATA, progress);
   }
   const CURLcode rc = curl_easy_perform(c);
-  if (progress != nullptr && progress->shown >= 0) std::fputc('\n', stderr);
+  if (progress != nullptr && progress->shown) std::fputc('\n', stderr);
   long status = 0;
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
   if (body.too_big || rc == CURLE_FILESIZE_EXCEEDED) {
