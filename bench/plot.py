@@ -40,7 +40,9 @@ def curves(out, runs):
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     loss, accuracy, speed = axes
     for label, records in runs:
-        epochs = [r["epoch"] for r in records]
+        # The template counts epochs from 0, mnist_mt from 1: both are drawn from 1.
+        shift = 1 if records[0]["epoch"] == 0 else 0
+        epochs = [r["epoch"] + shift for r in records]
         line, = loss.plot(epochs, [r["train_loss"] for r in records], marker="o", label=f"{label}: train")
         loss.plot(epochs, [r["test_loss"] for r in records], marker="s", linestyle="--", color=line.get_color(),
                   label=f"{label}: test")
