@@ -1,5 +1,5 @@
 #pragma once
-// Loopback helpers for the download tests: tests/loopback_server.py as a child process
+// What the download tests share: tests/loopback_server.py as a child process
 // serving a directory on 127.0.0.1, and a port where nothing listens.
 #include <arpa/inet.h>
 #include <netinet/in.h>
