@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "mnist_mt/data_source.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/loader.hpp"
 

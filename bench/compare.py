@@ -6,6 +6,7 @@ and the final test accuracy of each, with the machine, the date and the commands
     bench/compare.py --ranks 2 --batch-size 64 --epochs 1 [--max-steps S] [--build DIR]
     bench/compare.py --isa avx2 ...                # both held to AVX2 (an AVX2-only CPU's speed)
     bench/compare.py --device cuda --ranks 2 ...   # GPUs 0..ranks-1, nccl for the template
+    bench/compare.py ... --json bench/results/compare.jsonl   # also keep the results for bench/plot.py
 
 The template runs on OpenBLAS (Debian's python3-torch otherwise takes the reference
 BLAS); the script installs it with scripts/setup.sh and refuses to compare against a
@@ -45,6 +46,8 @@ def parse_args():
     p.add_argument("--isa", choices=["native", "avx2"], default="native",
                    help="avx2: oneDNN (both programs), OpenBLAS and PyTorch's own kernels held to AVX2")
     p.add_argument("--out", help="also write the Markdown to this file")
+    p.add_argument("--json", help="also append the comparison, with both runs' epochs, to this JSON-lines file "
+                   "(bench/plot.py draws it)")
     args = p.parse_args()
     if args.ranks < 1 or args.batch_size < 1 or args.epochs < 1 or args.max_steps < 0:
         p.error("--ranks, --batch-size and --epochs must be positive, --max-steps non-negative")
@@ -196,6 +199,15 @@ def main():
     print(report, end="")
     if args.out:
         Path(args.out).write_text(report)
+    if args.json:
+        record = {"isa": args.isa, "device": args.device, "ranks": args.ranks, "batch_size": args.batch_size,
+                  "epochs": args.epochs, "max_steps": args.max_steps, "lr": args.lr, "momentum": args.momentum,
+                  "seed": args.seed, "data": args.data, "date": datetime.date.today().isoformat(),
+                  "machine": machine(args), "commands": [shlex.join(c) for c in shown],
+                  "mnist_mt": {"summary": summary(ours), "epochs": ours},
+                  "template": {"summary": summary(theirs), "epochs": theirs}}
+        with open(args.json, "a") as f:
+            f.write(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":

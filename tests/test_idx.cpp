@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "mnist_mt/data_source.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/idx.hpp"

@@ -23,9 +23,6 @@ struct Dataset {
   Split test;
 };
 
-// Offline default: Fashion-MNIST from Debian's dataset-fashion-mnist.
-inline const std::filesystem::path kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
-
 // Loads train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte,
 // t10k-labels-idx1-ubyte from `dir`, each raw or with .gz. Throws InputError naming the
 // file and the problem (missing file, count mismatch, any IDX error).

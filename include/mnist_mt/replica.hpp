@@ -66,7 +66,8 @@ class Replica {
   virtual void write_momentum(std::span<const float> in) = 0;
   // Waits for the device, returns the stats since the last call and resets them.
   virtual StepStats take_stats() = 0;
-  // Log-probabilities of the last forward pass, batch x 10, synchronous (tests).
+  // Log-probabilities of the last forward pass, batch x 10, synchronous (eval
+  // confusion matrices, predict, tests).
   virtual void read_logprobs(std::span<float> out) = 0;
   virtual void read_grads(std::span<float> out) = 0;
 };

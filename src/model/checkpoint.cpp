@@ -2,20 +2,15 @@
 // tensor's dtype, shape and byte range, then the raw little-endian data.
 #include "mnist_mt/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <bit>
-#include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
+#include "file_io.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 
@@ -27,14 +22,14 @@ static_assert(std::endian::native == std::endian::little, "safetensors data is l
 constexpr std::string_view kFormatVersion = "1";
 constexpr std::string_view kMomentumPrefix = "momentum.";
 constexpr std::uint64_t kMaxHeaderBytes = 100u << 20;  // safetensors' own limit
+// Far above a checkpoint's 9.6 MB: only a bound on what a wrong path makes us read.
+constexpr std::uint64_t kMaxFileBytes = std::uint64_t{1} << 30;
 
 using Json = nlohmann::ordered_json;
 
 [[noreturn]] void fail(const std::filesystem::path& path, const std::string& problem) {
   throw InputError(path.string() + ": " + problem);
 }
-
-std::string errno_text() { return std::strerror(errno); }
 
 // One tensor of the file: a parameter, or its momentum.
 struct Slot {
@@ -73,89 +68,6 @@ std::string header_text(const Checkpoint& c) {
   std::string text = header.dump();
   text.resize((text.size() + 7) / 8 * 8, ' ');  // keeps the data 8-byte aligned
   return text;
-}
-
-// A temp file beside the target; removed unless committed by rename.
-class TempFile {
- public:
-  explicit TempFile(const std::filesystem::path& target) {
-    static std::atomic<unsigned> counter{0};
-    for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
-      std::string name(".");  // hidden, and never mistaken for a checkpoint
-      name += target.filename().string();
-      name += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-      path_ = target;
-      path_.replace_filename(name);
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-      if (fd_ < 0 && errno != EEXIST) break;
-    }
-    if (fd_ < 0) fail(target, "cannot create a temp file in its directory: " + errno_text());
-  }
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-
-  void write(const std::filesystem::path& target, const void* data, std::size_t bytes) {
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t n = ::write(fd_, p, bytes);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail(target, "cannot write: " + errno_text());
-      p += n;
-      bytes -= static_cast<std::size_t>(n);
-    }
-  }
-
-  void commit(const std::filesystem::path& target) {
-    if (::fsync(fd_) != 0) fail(target, "cannot fsync: " + errno_text());
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) fail(target, "cannot close: " + errno_text());
-    if (::rename(path_.c_str(), target.c_str()) != 0) fail(target, "cannot rename the temp file: " + errno_text());
-    committed_ = true;
-  }
-
- private:
-  std::filesystem::path path_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
-// The rename is durable only once the directory entry is on disk.
-void sync_directory(const std::filesystem::path& target) {
-  const std::filesystem::path dir = target.parent_path().empty() ? "." : target.parent_path();
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) fail(target, "cannot open its directory to fsync: " + errno_text());
-  const int rc = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  errno = saved;
-  if (rc != 0) fail(target, "cannot fsync its directory: " + errno_text());
-}
-
-std::vector<char> read_file(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, "cannot open: " + errno_text());
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) fail(path, "cannot stat: " + errno_text());
-  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
-  std::vector<char> bytes(static_cast<std::size_t>(st.st_size));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail(path, "cannot read: " + errno_text());
-    if (n == 0) fail(path, "file shrank while being read");
-    done += static_cast<std::size_t>(n);
-  }
-  return bytes;
 }
 
 std::string shape_text(const Json& shape) { return shape.dump(); }
@@ -213,18 +125,16 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkp
     throw RuntimeFailure("save_checkpoint: params/momentum must hold " + std::to_string(kParamCount) + " floats");
   const std::string header = header_text(checkpoint);
   const std::uint64_t header_bytes = header.size();
-  TempFile file(path);
-  file.write(path, &header_bytes, sizeof header_bytes);
-  file.write(path, header.data(), header.size());
-  file.write(path, checkpoint.params.data(), checkpoint.params.size() * sizeof(float));
-  if (!checkpoint.momentum.empty())
-    file.write(path, checkpoint.momentum.data(), checkpoint.momentum.size() * sizeof(float));
-  file.commit(path);
-  sync_directory(path);
+  AtomicFile file(path);
+  file.write(&header_bytes, sizeof header_bytes);
+  file.write(header.data(), header.size());
+  file.write(checkpoint.params.data(), checkpoint.params.size() * sizeof(float));
+  if (!checkpoint.momentum.empty()) file.write(checkpoint.momentum.data(), checkpoint.momentum.size() * sizeof(float));
+  file.commit();
 }
 
 Checkpoint load_checkpoint(const std::filesystem::path& path) {
-  const std::vector<char> bytes = read_file(path);
+  const std::vector<std::uint8_t> bytes = read_file_bytes(path, kMaxFileBytes);
   if (bytes.size() < 8) fail(path, "truncated: " + std::to_string(bytes.size()) + " bytes, no header length");
   std::uint64_t header_bytes = 0;
   std::memcpy(&header_bytes, bytes.data(), 8);
@@ -232,12 +142,12 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
   if (header_bytes > bytes.size() - 8)
     fail(path, "truncated: header of " + std::to_string(header_bytes) + " bytes declared, " +
                    std::to_string(bytes.size() - 8) + " present");
-  const char* data = bytes.data() + 8 + header_bytes;
+  const char* data = reinterpret_cast<const char*>(bytes.data()) + 8 + header_bytes;
   const std::uint64_t data_bytes = bytes.size() - 8 - header_bytes;
 
   Json header;
   try {
-    header = Json::parse(bytes.data() + 8, data);
+    header = Json::parse(reinterpret_cast<const char*>(bytes.data()) + 8, data);
   } catch (const Json::exception& e) {
     fail(path, std::string("header is not valid JSON: ") + e.what());
   }

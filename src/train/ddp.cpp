@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "buckets.hpp"
+#include "evaluate_shard.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "run.hpp"
@@ -114,12 +115,7 @@ class DdpWorker {
   // This rank's shard of the test set; the caller sums the ranks' stats.
   StepStats evaluate(const DropoutKey& key) {
     const auto lease = run_.loaders.acquire(key.epoch, false);
-    while (const Batch* batch = lease.loader().next(rank_)) {
-      if (batch->size == 0) continue;
-      replica_->set_input(*batch);
-      replica_->forward(false, key, batch->size);
-    }
-    return replica_->take_stats();
+    return evaluate_shard(*replica_, lease.loader(), rank_, key);
   }
 
   Run& run_;

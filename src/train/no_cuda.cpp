@@ -1,6 +1,7 @@
 // Builds without the CUDA backend: --gpus is an input error, not a crash.
 #include "mnist_mt/backend.hpp"
 #include "mnist_mt/error.hpp"
+#include "mnist_mt/version.hpp"
 
 namespace mnist_mt {
 
@@ -9,5 +10,9 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
 }
 
 bool cuda_built() { return false; }
+
+std::vector<LibraryVersion> cuda_library_versions() {
+  return {{"CUDA", "not built"}, {"cuDNN", "not built"}, {"NCCL", "not built"}};
+}
 
 }  // namespace mnist_mt

@@ -1,0 +1,57 @@
+#pragma once
+// The subcommands: training (the default), eval, predict. Each adds its flags to its
+// CLI11 app and runs from them; errors are InputError (exit 2) or anything else (3).
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "options.hpp"
+
+namespace mnist_mt::cli {
+
+struct TrainFlags {
+  DeviceFlags device;
+  DataFlags data;
+  std::string mode = "ddp";
+  std::int64_t epochs = 1;
+  std::int64_t batch = 64;
+  double lr = 0.01;
+  double momentum = 0.0;
+  double weight_decay = 0.0;
+  std::uint64_t seed = 1;
+  double bucket_mb = 25.0;
+  std::optional<std::string> save;
+  std::optional<std::string> load;
+  std::optional<std::string> metrics;
+  std::int64_t max_steps = 0;
+  std::optional<std::string> inject_fault;
+};
+void add_train_flags(CLI::App& app, TrainFlags& f);
+int run_train(const TrainFlags& f);
+
+struct EvalFlags {
+  DeviceFlags device;
+  DataFlags data;
+  std::string load;
+  std::int64_t batch = 64;
+  std::optional<std::string> json;
+};
+void add_eval_flags(CLI::App& app, EvalFlags& f);
+int run_eval(const EvalFlags& f);
+
+struct PredictFlags {
+  DeviceFlags device;
+  DataFlags data;
+  std::string load;
+  std::vector<std::string> images;
+  std::vector<std::int64_t> indices;
+};
+void add_predict_flags(CLI::App& app, PredictFlags& f);
+int run_predict(const PredictFlags& f);
+
+// --version: the version, the backends built, the libraries' versions.
+void print_version();
+
+}  // namespace mnist_mt::cli

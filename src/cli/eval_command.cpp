@@ -1,0 +1,85 @@
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "commands.hpp"
+#include "file_io.hpp"
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/evaluate.hpp"
+
+namespace mnist_mt::cli {
+namespace {
+
+std::string percent(double fraction) {
+  char text[16];
+  std::snprintf(text, sizeof text, "%.2f%%", 100 * fraction);
+  return text;
+}
+
+void print(const EvalResult& r, std::ostream& out) {
+  char line[128];
+  std::snprintf(line, sizeof line, "test loss %.4f, accuracy %s (%llu images)", r.loss, percent(r.accuracy).c_str(),
+                static_cast<unsigned long long>(r.samples));
+  out << line << "\nper class:";
+  const auto classes = r.class_accuracy();
+  for (std::size_t c = 0; c < kClasses; ++c) out << "  " << c << ' ' << percent(classes[c]);
+  out << "\nconfusion matrix (rows: label, columns: predicted):\n     ";
+  for (std::size_t c = 0; c < kClasses; ++c) out << (std::snprintf(line, sizeof line, "%6zu", c), line);
+  out << '\n';
+  for (std::size_t label = 0; label < kClasses; ++label) {
+    out << (std::snprintf(line, sizeof line, "%5zu", label), line);
+    for (std::uint64_t n : r.confusion[label]) {
+      out << (std::snprintf(line, sizeof line, "%6llu", static_cast<unsigned long long>(n)), line);
+    }
+    out << '\n';
+  }
+}
+
+nlohmann::ordered_json to_json(const EvalResult& r, const std::string& checkpoint) {
+  nlohmann::ordered_json j;
+  j["checkpoint"] = checkpoint;
+  j["samples"] = r.samples;
+  j["test_loss"] = r.loss;
+  j["test_accuracy"] = r.accuracy;
+  auto classes = nlohmann::ordered_json::array();
+  for (double a : r.class_accuracy()) classes.push_back(std::isnan(a) ? nlohmann::ordered_json() : nlohmann::ordered_json(a));
+  j["class_accuracy"] = classes;
+  j["confusion"] = r.confusion;  // [label][predicted]
+  return j;
+}
+
+}  // namespace
+
+void add_eval_flags(CLI::App& app, EvalFlags& f) {
+  add_device_flags(app, f.device);
+  add_data_flags(app, f.data);
+  app.add_option("--load", f.load, "The checkpoint to evaluate")->required();
+  app.add_option("--batch-size", f.batch, "Batch size per device")->capture_default_str();
+  app.add_option("--json", f.json, "Also write the results to this file as JSON");
+}
+
+int run_eval(const EvalFlags& f) {
+  EvalConfig config;
+  config.batch = count_flag(f.batch, 1, "--batch-size");
+  config.checkpoint = f.load;
+  Devices devices = pick_devices(f.device);
+  config.devices = devices.ids;
+  const Dataset data = load_data(f.data, std::cout);
+  std::cout << "mnist_mt: eval of " << f.load << " on " << config.devices.size() << ' ' << devices.backend->name()
+            << " device(s)" << std::endl;
+  const EvalResult result = evaluate(*devices.backend, data, config);
+  print(result, std::cout);
+  if (f.json) {
+    const std::string text = to_json(result, f.load).dump() + "\n";
+    try {
+      write_file_atomically(*f.json, {reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
+    } catch (const InputError& e) {
+      throw InputError(std::string("--json: ") + e.what());
+    }
+  }
+  return 0;
+}
+
+}  // namespace mnist_mt::cli

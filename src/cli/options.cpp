@@ -1,0 +1,160 @@
+#include "options.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <limits>
+#include <sstream>
+#include <string_view>
+
+#include "mnist_mt/data_source.hpp"
+#include "mnist_mt/download.hpp"
+#include "mnist_mt/error.hpp"
+
+namespace mnist_mt::cli {
+namespace {
+
+// The whole of `text` as a number, or nothing.
+template <typename T>
+std::optional<T> number(std::string_view text) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+// "0,2,3": distinct non-negative device numbers.
+std::vector<int> parse_gpus(const std::string& list) {
+  if (list.empty()) throw InputError("--gpus: empty device list");
+  std::vector<int> ids;
+  std::size_t begin = 0;
+  while (begin <= list.size()) {
+    const std::size_t end = std::min(list.find(',', begin), list.size());
+    const std::string item = list.substr(begin, end - begin);
+    const auto id = number<int>(item);
+    if (!id) throw InputError("--gpus: '" + item + "' is not a device number");
+    if (*id < 0) throw InputError("--gpus: device " + item + " is negative");
+    if (std::find(ids.begin(), ids.end(), *id) != ids.end()) {
+      throw InputError("--gpus: device " + item + " is listed twice");
+    }
+    ids.push_back(*id);
+    begin = end + 1;
+  }
+  return ids;
+}
+
+Devices default_devices(const BackendOptions& options) {
+  Devices d;
+  if (cuda_built()) {
+    try {
+      d.backend = make_cuda_backend(options);
+      if (d.backend->device_count() > 0) {
+        for (int i = 0; i < d.backend->device_count(); ++i) d.ids.push_back(i);
+        return d;
+      }
+    } catch (const std::exception&) {  // no driver or no device: run on the CPU
+    }
+  }
+  d.backend = make_cpu_backend(options);
+  for (int i = 0; i < d.backend->device_count(); ++i) d.ids.push_back(i);
+  return d;
+}
+
+std::optional<std::filesystem::path> env_path(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::filesystem::path(value);
+}
+
+}  // namespace
+
+void add_device_flags(CLI::App& app, DeviceFlags& f) {
+  auto* cpu = app.add_option("--cpu", f.cpu, "Run on N CPU devices (threads), one rank each");
+  app.add_option("--gpus", f.gpus, "Run on these CUDA devices, e.g. 0,1,2")->excludes(cpu);
+  app.add_flag("--deterministic", f.deterministic, "CUDA: deterministic algorithms only");
+  app.add_flag("--tf32", f.tf32, "CUDA: allow TF32 math");
+}
+
+void add_data_flags(CLI::App& app, DataFlags& f) {
+  app.add_option("--data", f.data,
+                 "Directory of the IDX files (or of torchvision's MNIST/raw); with --download, where they go");
+  app.add_option("--dataset", f.dataset, "The data set wanted")
+      ->check(CLI::IsMember({"mnist", "fashion-mnist"}))
+      ->capture_default_str();
+  app.add_flag("--download", f.download, "Fetch the data set's files (verified) unless present");
+  app.add_option("--mirror", f.mirrors, "With --download: a base URL tried before the published mirrors (repeatable)")
+      ->allow_extra_args(false);
+}
+
+Devices pick_devices(const DeviceFlags& f) {
+  BackendOptions options;
+  options.deterministic = f.deterministic;
+  options.tf32 = f.tf32;
+  if (f.gpus) {
+    Devices d{make_cuda_backend(options), parse_gpus(*f.gpus)};
+    for (int id : d.ids) {
+      if (id >= d.backend->device_count()) {
+        throw InputError("--gpus: no device " + std::to_string(id) + " (this machine has " +
+                         std::to_string(d.backend->device_count()) + " CUDA devices)");
+      }
+    }
+    return d;
+  }
+  if (f.cpu) {
+    const std::uint32_t count = count_flag(*f.cpu, 1, "--cpu");
+    Devices d{make_cpu_backend(options), {}};
+    for (std::uint32_t i = 0; i < count; ++i) d.ids.push_back(static_cast<int>(i));
+    return d;
+  }
+  return default_devices(options);
+}
+
+Dataset load_data(const DataFlags& f, std::ostream& out) {
+  const DatasetKind kind = f.dataset == "fashion-mnist" ? DatasetKind::kFashionMnist : DatasetKind::kMnist;
+  if (!f.mirrors.empty() && !f.download) throw InputError("--mirror: only with --download");
+  DataChoice choice;
+  if (f.download) {
+    const std::filesystem::path root = cache_root();
+    if (!f.data && root.empty()) throw InputError("--download: no --data, and neither XDG_CACHE_HOME nor HOME is set");
+    choice.dir = f.data ? std::filesystem::path(*f.data) : download_dir(root, kind);
+    out << "mnist_mt: " << dataset_name(kind) << " from " << choice.dir.string() << " (--download)" << std::endl;
+    DownloadRequest request{kind, choice.dir, f.mirrors, &out, isatty(STDERR_FILENO) != 0};
+    download_dataset(request);
+  } else {
+    DataQuery query;
+    query.wanted = kind;
+    if (f.data) query.data_dir = *f.data;
+    query.env_dir = env_path("MNIST_MT_DATA");
+    query.cache_root = cache_root();
+    choice = locate_data(query);
+    out << "mnist_mt: " << choice.name << " from " << choice.dir.string() << std::endl;
+    if (!choice.notice.empty()) std::cerr << "mnist_mt: " << choice.notice << std::endl;
+  }
+  return load_dataset(choice.dir);
+}
+
+std::uint32_t count_flag(std::int64_t value, std::int64_t min, const std::string& flag) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::uint32_t>::max();
+  if (value < min || value > kMax) {
+    throw InputError(flag + ": must be from " + std::to_string(min) + " to " + std::to_string(kMax) + ", got " +
+                     std::to_string(value));
+  }
+  return static_cast<std::uint32_t>(value);
+}
+
+std::string show(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+float non_negative(double value, const std::string& flag) {
+  if (!std::isfinite(value) || value < 0) throw InputError(flag + ": must be a finite number >= 0, got " + show(value));
+  return static_cast<float>(value);
+}
+
+}  // namespace mnist_mt::cli

@@ -1,0 +1,50 @@
+#pragma once
+// What every subcommand shares: the device flags, the data flags, and the checks that
+// turn a flag's value into a config value (an error names the flag).
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "mnist_mt/backend.hpp"
+#include "mnist_mt/dataset.hpp"
+
+namespace mnist_mt::cli {
+
+struct DeviceFlags {
+  std::optional<std::int64_t> cpu;
+  std::optional<std::string> gpus;
+  bool deterministic = false;
+  bool tf32 = false;
+};
+
+struct DataFlags {
+  std::optional<std::string> data;
+  std::string dataset = "mnist";
+  bool download = false;
+  std::vector<std::string> mirrors;
+};
+
+void add_device_flags(CLI::App& app, DeviceFlags& f);
+void add_data_flags(CLI::App& app, DataFlags& f);
+
+struct Devices {
+  std::unique_ptr<Backend> backend;
+  std::vector<int> ids;
+};
+// The backend and devices the flags name; no flag: every GPU, else a CPU rank per core.
+Devices pick_devices(const DeviceFlags& f);
+
+// Downloads when asked, finds the data (DESIGN of the search: data_source.hpp), prints
+// the line naming the data set and its directory on `out` and any notice on stderr.
+Dataset load_data(const DataFlags& f, std::ostream& out);
+
+// A count from min up to what 32 bits hold.
+std::uint32_t count_flag(std::int64_t value, std::int64_t min, const std::string& flag);
+float non_negative(double value, const std::string& flag);
+std::string show(double value);
+
+}  // namespace mnist_mt::cli

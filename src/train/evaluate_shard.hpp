@@ -1,0 +1,19 @@
+#pragma once
+// A rank's pass over its shard of the test set: what training runs after each epoch
+// and what `mnist_mt eval` runs on a checkpoint, so both report the same figures.
+#include <array>
+#include <cstdint>
+
+#include "mnist_mt/evaluate.hpp"
+#include "mnist_mt/loader.hpp"
+#include "mnist_mt/replica.hpp"
+
+namespace mnist_mt {
+
+// Forward passes without dropout over the loader's batches for `rank`; returns the
+// replica's loss and accuracy sums. With `confusion`, also counts each sample's
+// (label, predicted class), which costs a copy of the log-probabilities per batch.
+StepStats evaluate_shard(Replica& replica, Loader& loader, int rank, const DropoutKey& key,
+                         ConfusionMatrix* confusion = nullptr);
+
+}  // namespace mnist_mt

@@ -1,0 +1,263 @@
+// The subcommands as a user runs them: --version; eval of a saved checkpoint reports
+// the training run's last accuracy, with a confusion matrix that adds up; predict
+// gives the same answer for a test image, its PNG, its PGM and a PNG twice its size;
+// the data flags' errors; --download naming every mirror's failure, and verifying
+// Debian's re-compressed Fashion-MNIST by content. No request leaves 127.0.0.1: the
+// downloads run behind a proxy setting that points at a closed loopback port.
+#include <gtest/gtest.h>
+#include <png.h>
+#include <poll.h>
+#include <pty.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.hpp"
+#include "loopback.hpp"
+
+namespace {
+
+using namespace cli_test;
+using Json = nlohmann::json;
+
+std::string closed_port() {
+  static const std::string port = closed_loopback_port();
+  return port;
+}
+
+std::vector<std::string> no_network() {
+  const std::string proxy = "http://127.0.0.1:" + closed_port();
+  return {"http_proxy=" + proxy, "https_proxy=" + proxy, "HTTPS_PROXY=" + proxy, "ALL_PROXY=" + proxy,
+          "no_proxy=127.0.0.1", "NO_PROXY=127.0.0.1"};
+}
+
+// The small data set's test image `index`, as read back from its IDX file.
+std::vector<std::uint8_t> test_image(int index) {
+  std::ifstream f(small_data() / "t10k-images-idx3-ubyte", std::ios::binary);
+  f.seekg(16 + index * 784);
+  std::vector<std::uint8_t> pixels(784);
+  f.read(reinterpret_cast<char*>(pixels.data()), 784);
+  return pixels;
+}
+
+void write_png(const fs::path& path, const std::vector<std::uint8_t>& grey, std::uint32_t side) {
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  image.width = side;
+  image.height = side;
+  image.format = PNG_FORMAT_GRAY;
+  ASSERT_NE(png_image_write_to_file(&image, path.c_str(), 0, grey.data(), 0, nullptr), 0) << image.message;
+}
+
+void write_pgm(const fs::path& path, const std::vector<std::uint8_t>& grey) {
+  std::ofstream f(path, std::ios::binary);
+  f << "P5\n28 28\n255\n";
+  f.write(reinterpret_cast<const char*>(grey.data()), static_cast<std::streamsize>(grey.size()));
+}
+
+// The test image with each pixel made a 2x2 block: area averaging gives it back.
+std::vector<std::uint8_t> doubled(const std::vector<std::uint8_t>& grey) {
+  std::vector<std::uint8_t> out(56 * 56);
+  for (int y = 0; y < 56; ++y)
+    for (int x = 0; x < 56; ++x) out[y * 56 + x] = grey[(y / 2) * 28 + x / 2];
+  return out;
+}
+
+// A checkpoint trained for one epoch of the small data set, and its metrics line.
+struct Trained {
+  fs::path checkpoint;
+  Json metrics;
+};
+const Trained& trained() {
+  static const Trained t = [] {
+    Trained r{scratch_dir() / "eval.safetensors", {}};
+    const fs::path metrics = scratch_dir() / "eval_metrics.json";
+    const Outcome o = run_cli({"--cpu", "2", "--batch-size", "8", "--epochs", "1", "--lr", "0.05", "--momentum",
+                               "0.9", "--data", small_data().string(), "--save", r.checkpoint.string(), "--metrics",
+                               metrics.string()});
+    if (o.exit_code != 0) throw std::runtime_error("training failed: " + o.err);
+    r.metrics = Json::parse(slurp(metrics));
+    return r;
+  }();
+  return t;
+}
+
+TEST(CliVersion, NamesTheVersionTheBackendsAndEveryLibrary) {
+  const Outcome o = run_cli({"--version"});
+  EXPECT_EQ(o.exit_code, 0);
+  EXPECT_EQ(o.out.rfind("mnist_mt 0.", 0), 0u) << o.out;
+  EXPECT_NE(o.out.find("backends: cpu"), std::string::npos) << o.out;
+  for (const char* lib : {"oneDNN 2.", "oneTBB 20", "CUDA ", "cuDNN ", "NCCL ", "libcurl 7.", "libpng 1."}) {
+    EXPECT_NE(o.out.find(lib), std::string::npos) << lib << " in " << o.out;
+  }
+}
+
+TEST(CliEval, ReportsTheTrainingRunsLastAccuracyAndAConfusionMatrixThatAddsUp) {
+  const fs::path json = scratch_dir() / "eval.json";
+  const Outcome o = run_cli({"eval", "--load", trained().checkpoint.string(), "--cpu", "2", "--batch-size", "8",
+                             "--data", small_data().string(), "--json", json.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_TRUE(o.err.empty()) << o.err;
+  EXPECT_NE(o.out.find("per class:"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("confusion matrix (rows: label, columns: predicted):"), std::string::npos) << o.out;
+  const Json r = Json::parse(slurp(json));
+  EXPECT_EQ(r["samples"], 50);
+  EXPECT_EQ(r["test_accuracy"].get<double>(), trained().metrics["test_accuracy"].get<double>());
+  EXPECT_NEAR(r["test_loss"].get<double>(), trained().metrics["test_loss"].get<double>(), 1e-9);
+  std::uint64_t total = 0, diagonal = 0;
+  for (int label = 0; label < 10; ++label) {
+    for (int predicted = 0; predicted < 10; ++predicted) {
+      total += r["confusion"][label][predicted].get<std::uint64_t>();
+      if (label == predicted) diagonal += r["confusion"][label][predicted].get<std::uint64_t>();
+    }
+  }
+  EXPECT_EQ(total, 50u);
+  EXPECT_DOUBLE_EQ(static_cast<double>(diagonal) / 50, r["test_accuracy"].get<double>());
+  // Training moved the weights: the small data set is easy.
+  EXPECT_GT(r["test_accuracy"].get<double>(), 0.5);
+}
+
+TEST(CliPredict, AnIndexItsPngItsPgmAndALargerPngAgree) {
+  const std::vector<std::uint8_t> grey = test_image(3);
+  const fs::path png = scratch_dir() / "digit.png", pgm = scratch_dir() / "digit.pgm",
+                 big = scratch_dir() / "digit56.png";
+  write_png(png, grey, 28);
+  write_pgm(pgm, grey);
+  write_png(big, doubled(grey), 56);
+  const Outcome o = run_cli({"predict", "--load", trained().checkpoint.string(), "--cpu", "1", "--data",
+                             small_data().string(), "--index", "3", png.string(), pgm.string(), big.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  std::istringstream lines(o.out);
+  std::string line;
+  std::vector<std::string> answers;
+  while (std::getline(lines, line)) {
+    const std::size_t colon = line.find(": ");
+    if (line.rfind("mnist_mt:", 0) == 0 || colon == std::string::npos) continue;
+    answers.push_back(line.substr(colon, line.find(')') - colon + 1));
+  }
+  ASSERT_EQ(answers.size(), 4u) << o.out;
+  for (const std::string& a : answers) EXPECT_EQ(a, answers.back()) << o.out;
+  EXPECT_NE(o.out.find("test image 3: "), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find(", label "), std::string::npos) << o.out;
+}
+
+TEST(CliPredict, BadInputsExit2WithOneLineNamingIt) {
+  const fs::path text = scratch_dir() / "not_an_image.png";
+  std::ofstream(text) << "hello";
+  const std::string ckpt = trained().checkpoint.string(), data = small_data().string();
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"predict", "--load", ckpt, "--cpu", "1", text.string()}, "not_an_image.png"},
+      {{"predict", "--load", ckpt, "--cpu", "1", "--data", data, "--index", "50"}, "--index"},
+      {{"predict", "--load", ckpt, "--cpu", "1"}, "--index"},
+      {{"predict", "--load", (scratch_dir() / "nope.safetensors").string(), "--cpu", "1", text.string()},
+       "not_an_image.png"},
+      {{"eval", "--load", (scratch_dir() / "nope.safetensors").string(), "--cpu", "1", "--data", data}, "--load"},
+      {{"--dataset", "kmnist", "--cpu", "1"}, "--dataset"},
+      {{"--mirror", "http://127.0.0.1:1/", "--cpu", "1"}, "--mirror"},
+  };
+  for (const auto& [args, named] : cases) {
+    const Outcome o = run_cli(args, 60s);
+    SCOPED_TRACE(args.back() + ": " + o.err);
+    EXPECT_EQ(o.exit_code, 2);
+    EXPECT_EQ(count_lines(o.err), 1);
+    EXPECT_NE(o.err.find(named), std::string::npos);
+  }
+}
+
+TEST(CliDownload, EveryMirrorFailingExits2WithOneLineNamingTheFileAndEachMirror) {
+  const fs::path dir = scratch_dir() / "download_fails";
+  const std::string mine = "http://127.0.0.1:" + closed_port() + "/mine/";
+  const Outcome o = run_cli({"--download", "--data", dir.string(), "--mirror", mine, "--cpu", "1"}, 60s, no_network());
+  EXPECT_EQ(o.exit_code, 2) << o.out << o.err;
+  EXPECT_EQ(count_lines(o.err), 1) << o.err;
+  for (const std::string& part :
+       {(dir / "train-images-idx3-ubyte.gz").string() + ": download failed", mine + "train-images-idx3-ubyte.gz: ",
+        std::string("http://yann.lecun.com/exdb/mnist/train-images-idx3-ubyte.gz: "),
+        std::string("https://ossci-datasets.s3.amazonaws.com/mnist/train-images-idx3-ubyte.gz: ")}) {
+    EXPECT_NE(o.err.find(part), std::string::npos) << part << " in " << o.err;
+  }
+  EXPECT_TRUE(fs::is_empty(dir));  // nothing partial or unverified left
+}
+
+TEST(CliDownload, DebiansFashionMnistIsPresentAndVerifiedSoNothingIsFetched) {
+  const fs::path debian = "/usr/share/datasets/fashion-mnist";
+  if (!fs::exists(debian)) GTEST_SKIP() << debian << " is not installed (scripts/setup.sh installs it)";
+  const fs::path dir = scratch_dir() / "fashion";
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(debian)) fs::create_symlink(e.path(), dir / e.path().filename());
+  const Outcome o = run_cli({"--dataset", "fashion-mnist", "--download", "--data", dir.string(), "--epochs", "0",
+                             "--cpu", "1"},
+                            60s, no_network());
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.out.rfind("mnist_mt: Fashion-MNIST from " + dir.string() + " (--download)\n", 0), 0u) << o.out;
+  int verified = 0;
+  for (std::size_t at = o.out.find("present, verified"); at != std::string::npos;
+       at = o.out.find("present, verified", at + 1)) {
+    ++verified;
+  }
+  EXPECT_EQ(verified, 4) << o.out;
+}
+
+// Runs mnist_mt with a terminal for stdout and stderr; returns the exit code and what
+// the terminal showed.
+Outcome run_on_terminal(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                        std::chrono::seconds deadline) {
+  const char* exe = std::getenv("MNIST_MT_EXE");
+  std::vector<char*> argv{const_cast<char*>(exe)};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  int terminal = -1;
+  const pid_t pid = forkpty(&terminal, nullptr, nullptr, nullptr);
+  if (pid == 0) {
+    for (const std::string& entry : env) putenv(const_cast<char*>(entry.c_str()));
+    execv(exe, argv.data());
+    _exit(127);
+  }
+  Outcome o;
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  char buffer[4096];
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{terminal, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = read(terminal, buffer, sizeof buffer);
+    if (n <= 0) break;  // EIO: the program closed the terminal
+    o.out.append(buffer, static_cast<std::size_t>(n));
+  }
+  close(terminal);
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > until) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return o;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return o;
+}
+
+TEST(CliDownload, FetchesFromALoopbackMirrorWithProgressOnATerminalAndTrainsOnIt) {
+  const fs::path debian = "/usr/share/datasets/fashion-mnist";
+  if (!fs::exists(debian)) GTEST_SKIP() << debian << " is not installed (scripts/setup.sh installs it)";
+  const LoopbackServer server(debian);  // Debian's re-compressed files: they verify by content
+  const fs::path dir = scratch_dir() / "fetched";
+  const std::string mirror = server.base() + "good/";
+  const Outcome o = run_on_terminal({"--dataset", "fashion-mnist", "--download", "--mirror", mirror, "--data",
+                                     dir.string(), "--cpu", "1", "--epochs", "1", "--max-steps", "2"},
+                                    no_network(), 120s);
+  ASSERT_EQ(o.exit_code, 0) << o.out;
+  EXPECT_NE(o.out.find("\rtrain-images-idx3-ubyte.gz: 100% of 26.4 MB"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find(dir.string() + "/train-images-idx3-ubyte.gz: fetched from " + mirror +
+                       "train-images-idx3-ubyte.gz, verified"),
+            std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("60000 training and 10000 test images"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("epoch 1: train loss"), std::string::npos) << o.out;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz",
+                                             "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"}));
+}
+
+}  // namespace
