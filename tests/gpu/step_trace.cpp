@@ -29,7 +29,7 @@ namespace {
 
 struct Options {
   std::string backend = "cuda";
-  std::filesystem::path data = kDefaultDataDir;
+  std::filesystem::path data = "/usr/share/datasets/fashion-mnist";  // Debian's Fashion-MNIST
   std::filesystem::path out;
   std::uint32_t steps = 200;
   std::uint32_t batch = 64;
