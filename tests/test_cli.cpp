@@ -199,8 +199,8 @@ TEST(Cli, TrainsOnASmallDataSetAndWritesMetricsAndACheckpoint) {
   }
   EXPECT_TRUE(fs::exists(checkpoint));
 
-  // The checkpoint resumes, in the DataParallel mode too.
-  const Outcome resumed = run_cli({"--cpu", "2", "--mode", "dp", "--batch-size", "8", "--epochs", "1", "--max-steps",
+  // The checkpoint resumes, in the DataParallel mode too; --epochs counts the run's total.
+  const Outcome resumed = run_cli({"--cpu", "2", "--mode", "dp", "--batch-size", "8", "--epochs", "3", "--max-steps",
                                    "5", "--data", small_data().string(), "--load", checkpoint.string()});
   EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.out.find("epoch 3: train loss"), std::string::npos) << resumed.out;

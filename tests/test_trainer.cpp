@@ -16,66 +16,13 @@
 #include <vector>
 
 #include "buckets.hpp"
+#include "train_fixture.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/trainer.hpp"
 
 namespace mnist_mt {
 namespace {
-
-// Uniform noise. Plain regions (a blank background, a bright square) make near-ties in
-// max-pool that rounding decides, which the comparisons below would measure instead of
-// the trainer.
-Split noise_split(std::uint32_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  Split s;
-  s.images.resize(std::size_t{n} * kImageBytes);
-  s.labels.resize(n);
-  for (auto& label : s.labels) label = static_cast<std::uint8_t>(rng() % kClasses);
-  for (auto& pixel : s.images) pixel = static_cast<std::uint8_t>(rng());
-  return s;
-}
-
-const Dataset& dataset() {
-  static const Dataset data{noise_split(640, 1), noise_split(101, 2)};
-  return data;
-}
-
-// A small learning rate and no momentum: in fp32 a rounding difference can flip a ReLU
-// whose input is within rounding of zero, which changes that sample's gradient outright,
-// and a large step would carry such a flip past the 1e-5 that the comparisons allow.
-TrainConfig config_for(int world, std::uint32_t batch) {
-  TrainConfig c;
-  for (int r = 0; r < world; ++r) c.devices.push_back(r);
-  c.batch = batch;
-  c.epochs = 1;
-  c.max_steps = 20;
-  c.seed = 7;
-  c.sgd = {0.001f, 0.0f, 1e-4f};
-  c.evaluate = false;
-  return c;
-}
-
-TrainResult run(const TrainConfig& config) {
-  auto backend = make_cpu_backend({});
-  return train(*backend, dataset(), config);
-}
-
-// The worst over the parameter tensors of |a - b| / |b| (Euclidean norms). Norms, not
-// elements: rounding differences may flip a max-pool choice between near-equal inputs,
-// which moves a few single weights by more while the tensor stays as close.
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double worst = 0;
-  for (const ParamInfo& p : kParams) {
-    double diff = 0, norm = 0;
-    for (std::size_t i = p.offset; i < p.offset + p.count; ++i) {
-      diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
-      norm += double{b[i]} * b[i];
-    }
-    worst = std::max(worst, std::sqrt(diff / norm));
-  }
-  return worst;
-}
 
 TEST(Buckets, FollowPyTorchsAssignmentInReverseLayerOrder) {
   // Default: fc2 alone is under the first 1 MiB cap, fc2+fc1 over it; conv2+conv1 fill the next.
@@ -255,6 +202,7 @@ TEST(Trainer, ResumingFromACheckpointContinuesBitForBit) {
   c.save.reset();
   c.load = path;
   c.seed = 999;  // the checkpoint's seed wins
+  c.epochs = 2;  // the run's total
   const TrainResult resumed = run(c);
   std::filesystem::remove(path);
   EXPECT_EQ(resumed.params, straight.params);

@@ -17,6 +17,7 @@
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/trainer.hpp"
+#include "signal_watch.hpp"
 
 namespace mnist_mt {
 namespace {
@@ -34,12 +35,16 @@ struct Flags {
   double bucket_mb = 25.0;
   std::string data = kDefaultDataDir.string();
   std::optional<std::string> save;
+  std::int64_t save_every = 0;
+  std::int64_t keep = 1;
+  double timeout = 600;
   std::optional<std::string> load;
   std::optional<std::string> metrics;
   bool deterministic = false;
   bool tf32 = false;
   std::int64_t max_steps = 0;
   std::optional<std::string> inject_fault;
+  std::optional<std::string> inject_stall;
 };
 
 void add_flags(CLI::App& app, Flags& f) {
@@ -48,7 +53,8 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--mode", f.mode, "ddp, or dp for the DataParallel-style baseline")
       ->check(CLI::IsMember({"ddp", "dp"}))
       ->capture_default_str();
-  app.add_option("--epochs", f.epochs, "Epochs to train")->capture_default_str();
+  app.add_option("--epochs", f.epochs, "Epochs the run trains in all (with --load: up to this many)")
+      ->capture_default_str();
   app.add_option("--batch-size", f.batch, "Batch size per device")->capture_default_str();
   app.add_option("--lr", f.lr, "SGD learning rate")->capture_default_str();
   app.add_option("--momentum", f.momentum, "SGD momentum")->capture_default_str();
@@ -57,7 +63,13 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--bucket-mb", f.bucket_mb, "Gradient bucket cap in MiB (the first bucket: at most 1 MiB)")
       ->capture_default_str();
   app.add_option("--data", f.data, "Directory of the MNIST-format IDX files")->capture_default_str();
-  app.add_option("--save", f.save, "Write a safetensors checkpoint there after each epoch");
+  app.add_option("--save", f.save, "Write a safetensors checkpoint there after each epoch and on SIGINT/SIGTERM");
+  app.add_option("--save-every", f.save_every, "Also save every this many steps (0: at epoch ends only)")
+      ->capture_default_str();
+  app.add_option("--keep", f.keep, "Keep the last N checkpoints (N > 1: one file per step, --save links the latest)")
+      ->capture_default_str();
+  app.add_option("--timeout", f.timeout, "Fail the run when a rank makes no progress for this many seconds (0: off)")
+      ->capture_default_str();
   app.add_option("--load", f.load, "Start from this checkpoint (weights, momentum, epoch, step, seed)");
   app.add_option("--metrics", f.metrics, "Write one JSON line per epoch to this file");
   app.add_flag("--deterministic", f.deterministic, "CUDA: deterministic algorithms only");
@@ -66,6 +78,8 @@ void add_flags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   // Tests only, kept out of --help: rank RANK throws at global step STEP.
   app.add_option("--inject-fault", f.inject_fault)->group("");
+  // Tests only: rank RANK stops making progress in PHASE (data, compute, collective) of step STEP.
+  app.add_option("--inject-stall", f.inject_stall)->group("");
 }
 
 // A count from min up to what 32 bits hold.
@@ -127,6 +141,30 @@ FaultInjection parse_fault(const std::string& spec) {
   return {*rank, *step};
 }
 
+StallInjection parse_stall(const std::string& spec) {
+  const std::size_t first = spec.find(':');
+  const std::size_t second = first == std::string::npos ? first : spec.find(':', first + 1);
+  const std::string_view text(spec);
+  const auto rank = number<int>(text.substr(0, first));
+  const auto step =
+      second == std::string::npos ? std::nullopt : number<std::uint64_t>(text.substr(first + 1, second - first - 1));
+  const std::string_view phase = second == std::string::npos ? "" : text.substr(second + 1);
+  StallInjection stall;
+  if (phase == "data") {
+    stall.phase = StallPhase::kData;
+  } else if (phase == "compute") {
+    stall.phase = StallPhase::kCompute;
+  } else if (phase == "collective") {
+    stall.phase = StallPhase::kCollective;
+  } else {
+    throw InputError("--inject-stall: expected RANK:STEP:data|compute|collective, got '" + spec + "'");
+  }
+  if (!rank || !step) throw InputError("--inject-stall: expected RANK:STEP:data|compute|collective, got '" + spec + "'");
+  stall.rank = *rank;
+  stall.step = *step;
+  return stall;
+}
+
 // No device flag: every GPU when the CUDA backend is built and sees any, else a CPU
 // rank per core.
 std::unique_ptr<Backend> default_backend(const BackendOptions& options, std::vector<int>& ids) {
@@ -145,8 +183,17 @@ std::unique_ptr<Backend> default_backend(const BackendOptions& options, std::vec
   return cpu;
 }
 
-int run(const Flags& f) {
+// A run stopped by a signal: where its checkpoint is, and how to go on.
+int interrupted(const Interruption& i) {
+  std::cout << "mnist_mt: " << signal_name(i.signal) << ": stopped at epoch " << i.epoch + 1 << " step "
+            << i.epoch_step << " (global step " << i.step << "); checkpoint saved to " << i.checkpoint.string()
+            << "; add --load " << i.checkpoint.string() << " to the same command to finish the run" << std::endl;
+  return 128 + i.signal;
+}
+
+int run(const Flags& f, StopRequest& stop) {
   TrainConfig config;
+  config.stop = &stop;
   config.mode = f.mode == "dp" ? Mode::kDp : Mode::kDdp;
   config.epochs = count_flag(f.epochs, 0, "--epochs");
   config.batch = count_flag(f.batch, 1, "--batch-size");
@@ -163,6 +210,15 @@ int run(const Flags& f) {
   if (f.load) config.load = *f.load;
   if (f.metrics) config.metrics = *f.metrics;
   if (f.inject_fault) config.fault = parse_fault(*f.inject_fault);
+  if (f.inject_stall) config.stall = parse_stall(*f.inject_stall);
+  config.save_every = count_flag(f.save_every, 0, "--save-every");
+  config.keep = count_flag(f.keep, 1, "--keep");
+  if (f.keep > 1 && !f.save) throw InputError("--keep: needs --save");
+  if (f.save_every > 0 && !f.save) throw InputError("--save-every: needs --save");
+  if (!std::isfinite(f.timeout) || f.timeout < 0) {
+    throw InputError("--timeout: must be a finite number of seconds >= 0, got " + show(f.timeout));
+  }
+  config.timeout_s = f.timeout;
   config.progress = &std::cout;
 
   BackendOptions options;
@@ -190,14 +246,16 @@ int run(const Flags& f) {
   std::cout << "mnist_mt: " << (config.mode == Mode::kDp ? "dp" : "ddp") << " on " << config.devices.size() << ' '
             << backend->name() << " device(s), batch " << config.batch << " per device, " << data.train.size()
             << " training and " << data.test.size() << " test images" << std::endl;
-  train(*backend, data, config);
-  return 0;
+  const TrainResult result = train(*backend, data, config);
+  return result.interrupted ? interrupted(*result.interrupted) : 0;
 }
 
 }  // namespace
 }  // namespace mnist_mt
 
 int main(int argc, char** argv) {
+  mnist_mt::StopRequest stop;
+  const mnist_mt::SignalWatch signals(stop);  // before any other thread starts
   CLI::App app("mnist_mt: data-parallel training of the MNIST CNN, a thread per device", "mnist_mt");
   mnist_mt::Flags flags;
   mnist_mt::add_flags(app, flags);
@@ -210,7 +268,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return mnist_mt::run(flags);
+    return mnist_mt::run(flags, stop);
+  } catch (const mnist_mt::Interrupted& e) {
+    std::cerr << "mnist_mt: error: " << e.what() << std::endl;
+    return 128 + e.signal();
   } catch (const mnist_mt::InputError& e) {
     std::cerr << "mnist_mt: error: " << e.what() << std::endl;
     return 2;

@@ -11,6 +11,7 @@
 #include <bit>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -32,6 +33,12 @@ using Json = nlohmann::ordered_json;
 
 [[noreturn]] void fail(const std::filesystem::path& path, const std::string& problem) {
   throw InputError(path.string() + ": " + problem);
+}
+
+// A write that fails once the file is open (a full disk, a file size limit) is a
+// runtime failure, not bad input: the path was fine.
+[[noreturn]] void fail_write(const std::filesystem::path& path, const std::string& problem) {
+  throw RuntimeFailure(path.string() + ": " + problem);
 }
 
 std::string errno_text() { return std::strerror(errno); }
@@ -63,6 +70,7 @@ std::string header_text(const Checkpoint& c) {
                             {"format_version", std::string(kFormatVersion)},
                             {"epoch", std::to_string(c.epoch)},
                             {"step", std::to_string(c.step)},
+                            {"epoch_step", std::to_string(c.epoch_step)},
                             {"seed", std::to_string(c.seed)}};
   std::uint64_t offset = 0;
   for (const Slot& s : slots(!c.momentum.empty())) {
@@ -103,17 +111,17 @@ class TempFile {
     while (bytes > 0) {
       const ssize_t n = ::write(fd_, p, bytes);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail(target, "cannot write: " + errno_text());
+      if (n <= 0) fail_write(target, "cannot write: " + errno_text());
       p += n;
       bytes -= static_cast<std::size_t>(n);
     }
   }
 
   void commit(const std::filesystem::path& target) {
-    if (::fsync(fd_) != 0) fail(target, "cannot fsync: " + errno_text());
+    if (::fsync(fd_) != 0) fail_write(target, "cannot fsync: " + errno_text());
     const int fd = fd_;
     fd_ = -1;
-    if (::close(fd) != 0) fail(target, "cannot close: " + errno_text());
+    if (::close(fd) != 0) fail_write(target, "cannot close: " + errno_text());
     if (::rename(path_.c_str(), target.c_str()) != 0) fail(target, "cannot rename the temp file: " + errno_text());
     committed_ = true;
   }
@@ -285,11 +293,21 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
   checkpoint.epoch = metadata_number<std::uint32_t>(path, *metadata, "epoch");
   checkpoint.step = metadata_number<std::uint64_t>(path, *metadata, "step");
   checkpoint.seed = metadata_number<std::uint64_t>(path, *metadata, "seed");
+  // Files from before mid-epoch checkpoints hold epoch ends only.
+  if (metadata->contains("epoch_step"))
+    checkpoint.epoch_step = metadata_number<std::uint32_t>(path, *metadata, "epoch_step");
   checkpoint.params.resize(kParamCount);
   if (with_momentum) checkpoint.momentum.resize(kParamCount);
   for (std::size_t i = 0; i < expected.size(); ++i) {
     float* out = (expected[i].momentum ? checkpoint.momentum : checkpoint.params).data() + expected[i].param->offset;
     std::memcpy(out, data + extents[i].begin, extents[i].end - extents[i].begin);
+  }
+  // A model that diverged must not be trained on as if it had not.
+  for (const Slot& s : expected) {
+    const float* v = (s.momentum ? checkpoint.momentum : checkpoint.params).data() + s.param->offset;
+    const auto bad = std::find_if(v, v + s.param->count, [](float x) { return !std::isfinite(x); });
+    if (bad != v + s.param->count)
+      fail(path, "tensor '" + s.name + "' holds a non-finite value at element " + std::to_string(bad - v));
   }
   return checkpoint;
 }
