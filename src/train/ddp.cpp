@@ -79,7 +79,7 @@ class DdpWorker {
     run_.beat(rank_, step_, Phase::kEvaluate);
     const StepStats test = run_.config.evaluate ? evaluate(key) : StepStats{};
     std::array<double, 6> sums{train.loss_sum, train.correct, train.samples, test.loss_sum, test.correct, test.samples};
-    run_.beat(rank_, step_, Phase::kCollective);
+    run_.beat(rank_, step_, Phase::kCommWait);
     comm_.allreduce_host(sums);
     if (rank_ != 0) return true;
     set_results(m, {sums[0], sums[1], sums[2]}, {sums[3], sums[4], sums[5]});
@@ -132,7 +132,7 @@ class DdpWorker {
     device_.wait_compute();
     phase.backward += clock.lap();
 
-    run_.beat(rank_, step_, Phase::kCollective);
+    run_.beat(rank_, step_, Phase::kCommWait);
     device_.synchronize();
     phase.comm_wait += clock.lap();
 

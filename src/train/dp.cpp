@@ -135,7 +135,7 @@ class DpLoop {
     wait_compute_all();
     phase.backward += clock.lap();
 
-    run_.beat(0, step_, Phase::kCollective);
+    run_.beat(0, step_, Phase::kCommWait);
     collective([&](int d) { run_.comms[d]->reduce(replicas_[d]->grads(), kParamCount, ReduceOp::kSum, 0); });
     on(0).synchronize();
     phase.comm_wait += clock.lap();

@@ -1,5 +1,7 @@
 #include "watchdog.hpp"
 
+#include <tuple>
+
 namespace mnist_mt {
 namespace {
 
@@ -13,6 +15,7 @@ const char* phase_name(Phase phase) {
     case Phase::kData: return "data";
     case Phase::kForward: return "forward";
     case Phase::kBackward: return "backward";
+    case Phase::kCommWait: return "comm wait";
     case Phase::kCollective: return "collective";
     case Phase::kOptimizer: return "optimizer";
     case Phase::kEvaluate: return "evaluate";
@@ -42,24 +45,27 @@ void Watchdog::beat(int rank, std::uint64_t step, Phase phase) {
   s.phase.store(static_cast<int>(phase), std::memory_order_release);
 }
 
-// The rank that has waited longest is the one that stalled: its peers entered their
-// wait (a collective) after it stopped.
+// Of the ranks past the timeout, the one furthest behind (step, then phase) is the one
+// that stalled: its peers wait for it further on in the same step (a collective cannot
+// finish without it), however long each has waited.
 bool Watchdog::check_stall() {
   if (timeout_s_ <= 0) return false;
   const std::int64_t now = now_ns();
-  int oldest = -1;
-  std::int64_t oldest_since = now;
+  const auto limit = static_cast<std::int64_t>(timeout_s_ * 1e9);
+  int stalled = -1;
+  std::tuple<std::uint64_t, int, std::int64_t> behind{};
   for (int r = 0; r < ranks_; ++r) {
     const Slot& s = slots_[static_cast<std::size_t>(r)];
-    const auto phase = static_cast<Phase>(s.phase.load(std::memory_order_acquire));
-    const std::int64_t since = s.since_ns.load(std::memory_order_relaxed);
-    if (phase == Phase::kIdle || phase == Phase::kDone) continue;
-    if (since < oldest_since) oldest = r, oldest_since = since;
+    const int phase = s.phase.load(std::memory_order_acquire);
+    const std::tuple<std::uint64_t, int, std::int64_t> at{s.step.load(std::memory_order_relaxed), phase,
+                                                          s.since_ns.load(std::memory_order_relaxed)};
+    if (phase == static_cast<int>(Phase::kIdle) || phase == static_cast<int>(Phase::kDone)) continue;
+    if (now - std::get<2>(at) <= limit) continue;
+    if (stalled < 0 || at < behind) stalled = r, behind = at;
   }
-  const double seconds = static_cast<double>(now - oldest_since) * 1e-9;
-  if (oldest < 0 || seconds <= timeout_s_) return false;
-  const Slot& s = slots_[static_cast<std::size_t>(oldest)];
-  hooks_.on_stall(oldest, s.step.load(), static_cast<Phase>(s.phase.load()), seconds);
+  if (stalled < 0) return false;
+  hooks_.on_stall(stalled, std::get<0>(behind), static_cast<Phase>(std::get<1>(behind)),
+                  static_cast<double>(now - std::get<2>(behind)) * 1e-9);
   return true;
 }
 

@@ -14,7 +14,11 @@
 
 namespace mnist_mt {
 
-enum class Phase : int { kIdle, kData, kForward, kBackward, kCollective, kOptimizer, kEvaluate, kSave, kDone };
+// In the order a step goes through them: kCollective is joining the step's allreduces,
+// kCommWait waiting for them to finish.
+enum class Phase : int {
+  kIdle, kData, kForward, kCollective, kBackward, kCommWait, kOptimizer, kEvaluate, kSave, kDone
+};
 
 const char* phase_name(Phase phase);
 
