@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(g++ meson ninja-build pkg-config cmake python3
           libtbb-dev libdnnl-dev libgtest-dev libbenchmark-dev libcli11-dev
-          nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist "$@")
+          nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist clang "$@")
 
 missing=()
 for p in "${packages[@]}"; do

@@ -264,10 +264,12 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
   const bool with_momentum = std::any_of(header.items().begin(), header.items().end(),
                                          [](const auto& item) { return item.key().starts_with(kMomentumPrefix); });
   const std::vector<Slot> expected = slots(with_momentum);
-  for (const auto& [name, entry] : header.items())
+  for (const auto& item : header.items()) {
+    const std::string& name = item.key();  // not a structured binding: lambdas capture it
     if (name != "__metadata__" &&
         std::none_of(expected.begin(), expected.end(), [&](const Slot& s) { return s.name == name; }))
       fail(path, "unexpected tensor '" + name + "'");
+  }
 
   std::vector<Extent> extents;
   for (const Slot& s : expected) {
