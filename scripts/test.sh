@@ -2,7 +2,8 @@
 # Sets up, builds and runs every test three times: a release build (with the CUDA
 # backend compiled and linked when the toolkit is present; its GPU tests skip without a
 # GPU), an ASan+UBSan build (all CPU tests) and a ThreadSanitizer build (the
-# multi-threaded tests: data, train). Ends with one line: "N passed, N failed".
+# multi-threaded tests: data, train), then the fuzz targets (scripts/fuzz.sh). Ends
+# with one line: "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh || exit 1
@@ -44,6 +45,10 @@ suite build-asan "--buildtype=debugoptimized -Dcuda=disabled -Db_sanitize=addres
   "--timeout-multiplier 4"
 suite build-tsan "--buildtype=debugoptimized -Dcuda=disabled -Db_sanitize=thread -Db_lundef=false" \
   "--timeout-multiplier 6 --suite data --suite train"
+
+# Every libFuzzer target for FUZZ_SECONDS (60) from the committed seeds: counts as one.
+echo "== fuzz"
+if scripts/fuzz.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

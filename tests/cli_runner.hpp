@@ -1,8 +1,9 @@
 #pragma once
-// Runs the mnist_mt executable as a user does, with a deadline, and makes small data
-// sets for it: what the CLI tests share.
+// Runs the mnist_mt executable as a user does (with a deadline, and a file size limit
+// for a full disk), and makes small data sets for it: what the CLI tests share.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -53,46 +54,70 @@ inline fs::path scratch_dir() {
   return dir.path;
 }
 
-// Runs mnist_mt with `args` and the extra environment entries "NAME=VALUE", killing it
-// at the deadline.
-inline Outcome run_cli(const std::vector<std::string>& args, std::chrono::seconds deadline = 120s,
-                       const std::vector<std::string>& env = {}) {
+// A running mnist_mt, its output going to files.
+struct Process {
+  pid_t pid = -1;
+  fs::path out, err;
+};
+
+// Starts mnist_mt with `args` and the extra environment entries "NAME=VALUE";
+// `file_limit` (bytes, 0: none) stands in for a full disk.
+inline Process spawn(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+                     rlim_t file_limit = 0) {
   const char* exe = std::getenv("MNIST_MT_EXE");
   if (exe == nullptr) throw std::runtime_error("MNIST_MT_EXE is not set");
-  const fs::path out = scratch_dir() / "stdout", err = scratch_dir() / "stderr";
+  static int runs = 0;
+  const std::string n = std::to_string(runs++);
+  Process p{-1, scratch_dir() / ("stdout" + n), scratch_dir() / ("stderr" + n)};
   std::vector<char*> argv{const_cast<char*>(exe)};
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  p.pid = fork();
+  if (p.pid == 0) {
+    const int o = open(p.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = open(p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(o, STDOUT_FILENO);
     dup2(e, STDERR_FILENO);
     for (const std::string& entry : env) {
       const std::size_t eq = entry.find('=');
       setenv(entry.substr(0, eq).c_str(), entry.substr(eq + 1).c_str(), 1);
     }
+    if (file_limit > 0) {
+      signal(SIGXFSZ, SIG_IGN);  // write() then fails with EFBIG, as on a full disk
+      const rlimit limit{file_limit, file_limit};
+      setrlimit(RLIMIT_FSIZE, &limit);
+    }
     execv(exe, argv.data());
     _exit(127);
   }
+  return p;
+}
+
+// Waits for the process, killing it at the deadline.
+inline Outcome finish(const Process& p, std::chrono::seconds deadline = 120s) {
   Outcome outcome;
   const auto until = std::chrono::steady_clock::now() + deadline;
   int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
+  while (waitpid(p.pid, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() > until) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      outcome.out = slurp(out);
-      outcome.err = slurp(err);
+      kill(p.pid, SIGKILL);
+      waitpid(p.pid, &status, 0);
+      outcome.out = slurp(p.out);
+      outcome.err = slurp(p.err);
       return outcome;
     }
     std::this_thread::sleep_for(10ms);
   }
   outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  outcome.out = slurp(out);
-  outcome.err = slurp(err);
+  outcome.out = slurp(p.out);
+  outcome.err = slurp(p.err);
   return outcome;
+}
+
+// Runs mnist_mt with `args` and the extra environment entries, killing it at the deadline.
+inline Outcome run_cli(const std::vector<std::string>& args, std::chrono::seconds deadline = 120s,
+                       const std::vector<std::string>& env = {}) {
+  return finish(spawn(args, env), deadline);
 }
 
 inline void write_be32(std::ofstream& f, std::uint32_t v) {

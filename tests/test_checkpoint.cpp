@@ -9,6 +9,7 @@
 #include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <limits>
 #include <random>
 #include <string>
 
@@ -35,6 +36,7 @@ Checkpoint sample_checkpoint(bool with_momentum) {
   }
   c.epoch = 7;
   c.step = 6543210987ull;
+  c.epoch_step = 123;
   c.seed = 0xfedcba9876543210ull;
   return c;
 }
@@ -110,6 +112,7 @@ TEST_F(CheckpointTest, RoundTripsParametersMomentumAndLoopState) {
     EXPECT_EQ(loaded.momentum, saved.momentum);
     EXPECT_EQ(loaded.epoch, saved.epoch);
     EXPECT_EQ(loaded.step, saved.step);
+    EXPECT_EQ(loaded.epoch_step, saved.epoch_step);
     EXPECT_EQ(loaded.seed, saved.seed);
     EXPECT_EQ(entries(), std::vector<fs::path>{"model.safetensors"});
   }
@@ -169,7 +172,7 @@ TEST_F(CheckpointTest, FailedWriteKeepsTheOldFile) {
   bool threw = false;
   try {
     save_checkpoint(path, sample_checkpoint(true));
-  } catch (const InputError& e) {
+  } catch (const RuntimeFailure& e) {
     threw = true;
     EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
   }
@@ -233,6 +236,10 @@ TEST_F(CheckpointTest, RejectsCorruptHeaders) {
   expect_rejected(path, "not a JSON object");
 }
 
+void put_float(std::string& data, std::size_t index, float value) {
+  std::memcpy(data.data() + index * sizeof(float), &value, sizeof value);
+}
+
 TEST_F(CheckpointTest, RejectsMismatchedTensors) {
   using Json = nlohmann::ordered_json;
   using Edit = std::function<void(Json&, std::string&)>;
@@ -256,6 +263,14 @@ TEST_F(CheckpointTest, RejectsMismatchedTensors) {
       {[](Json& h, std::string&) { h["__metadata__"]["seed"] = "99999999999999999999"; }, "'seed' is not"},
       {[](Json& h, std::string&) { h["__metadata__"].erase("epoch"); }, "metadata has no 'epoch'"},
       {[](Json& h, std::string&) { h["__metadata__"]["epoch"] = 3; }, "not a map of strings"},
+      {[](Json& h, std::string&) { h["__metadata__"]["epoch_step"] = "x"; }, "'epoch_step' is not"},
+      {[](Json&, std::string& d) { put_float(d, 5, std::numeric_limits<float>::quiet_NaN()); },
+       "tensor 'conv1.weight' holds a non-finite value at element 5"},
+      {[](Json& h, std::string& d) {
+         put_float(d, h["momentum.fc2.bias"]["data_offsets"][0].get<std::size_t>() / 4 + 9,
+                   -std::numeric_limits<float>::infinity());
+       },
+       "tensor 'momentum.fc2.bias' holds a non-finite value at element 9"},
   };
   for (const auto& [edit, problem] : cases) expect_rejected(edited(edit), problem);
 }

@@ -20,10 +20,12 @@ TEST(Cli, HelpListsTheFlagsButNotTheTestHook) {
   const Outcome o = run_cli({"--help"});
   EXPECT_EQ(o.exit_code, 0);
   for (const char* flag : {"--cpu", "--gpus", "--mode", "--epochs", "--batch-size", "--lr", "--momentum",
-                           "--weight-decay", "--seed", "--bucket-mb", "--data", "--save", "--load", "--metrics"}) {
+                           "--weight-decay", "--seed", "--bucket-mb", "--data", "--save", "--load", "--metrics",
+                           "--save-every", "--keep", "--timeout"}) {
     EXPECT_NE(o.out.find(flag), std::string::npos) << flag;
   }
   EXPECT_EQ(o.out.find("--inject-fault"), std::string::npos);
+  EXPECT_EQ(o.out.find("--inject-stall"), std::string::npos);
 }
 
 TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
@@ -53,6 +55,16 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
       {{"--load", (scratch_dir() / "missing.safetensors").string()}, "missing.safetensors"},
       {{"--data", (scratch_dir() / "no-such-dir").string()}, "no-such-dir"},
       {{"--inject-fault", "1"}, "--inject-fault"},
+      {{"--inject-stall", "1:2:nowhere"}, "--inject-stall"},
+      {{"--timeout", "-1"}, "--timeout"},
+      {{"--keep", "0"}, "--keep"},
+      {{"--keep", "3"}, "--keep"},
+      {{"--save-every", "5"}, "--save-every"},
+      // Output paths are checked before training starts.
+      {{"--save", (scratch_dir() / "no-such-dir" / "model.safetensors").string()}, "--save"},
+      {{"--save", scratch_dir().string()}, "--save"},
+      {{"--metrics", (scratch_dir() / "no-such-dir" / "metrics.json").string()}, "--metrics"},
+      {{"--metrics", scratch_dir().string()}, "--metrics"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = c.args;
@@ -64,6 +76,7 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
     EXPECT_EQ(count_lines(o.err), 1);
     EXPECT_EQ(o.err.rfind("mnist_mt: error: ", 0), 0u);
     EXPECT_NE(o.err.find(c.flag), std::string::npos);
+    EXPECT_EQ(o.out.find("epoch 1"), std::string::npos) << "trained before refusing";
   }
 }
 
@@ -85,8 +98,8 @@ TEST(Cli, TrainsOnASmallDataSetAndWritesMetricsAndACheckpoint) {
   }
   EXPECT_TRUE(fs::exists(checkpoint));
 
-  // The checkpoint resumes, in the DataParallel mode too.
-  const Outcome resumed = run_cli({"--cpu", "2", "--mode", "dp", "--batch-size", "8", "--epochs", "1", "--max-steps",
+  // The checkpoint resumes, in the DataParallel mode too; --epochs counts the run's total.
+  const Outcome resumed = run_cli({"--cpu", "2", "--mode", "dp", "--batch-size", "8", "--epochs", "3", "--max-steps",
                                    "5", "--data", small_data().string(), "--load", checkpoint.string()});
   EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.out.find("epoch 3: train loss"), std::string::npos) << resumed.out;

@@ -24,33 +24,7 @@
 namespace mnist_mt {
 namespace {
 
-using testing_fixture::noise_split;
-using testing_fixture::relative_difference;
-
-const Dataset& dataset() {
-  static const Dataset data{noise_split(640, 1), noise_split(101, 2)};
-  return data;
-}
-
-// A small learning rate and no momentum: in fp32 a rounding difference can flip a ReLU
-// whose input is within rounding of zero, which changes that sample's gradient outright,
-// and a large step would carry such a flip past the 1e-5 that the comparisons allow.
-TrainConfig config_for(int world, std::uint32_t batch) {
-  TrainConfig c;
-  for (int r = 0; r < world; ++r) c.devices.push_back(r);
-  c.batch = batch;
-  c.epochs = 1;
-  c.max_steps = 20;
-  c.seed = 7;
-  c.sgd = {0.001f, 0.0f, 1e-4f};
-  c.evaluate = false;
-  return c;
-}
-
-TrainResult run(const TrainConfig& config) {
-  auto backend = make_cpu_backend({});
-  return train(*backend, dataset(), config);
-}
+using namespace testing_fixture;
 
 TEST(Buckets, FollowPyTorchsAssignmentInReverseLayerOrder) {
   // Default: fc2 alone is under the first 1 MiB cap, fc2+fc1 over it; conv2+conv1 fill the next.
@@ -230,6 +204,7 @@ TEST(Trainer, ResumingFromACheckpointContinuesBitForBit) {
   c.save.reset();
   c.load = path;
   c.seed = 999;  // the checkpoint's seed wins
+  c.epochs = 2;  // the run's total
   const TrainResult resumed = run(c);
   std::filesystem::remove(path);
   EXPECT_EQ(resumed.params, straight.params);

@@ -1,14 +1,17 @@
 #pragma once
-// What the trainer tests of both backends share: a data set of noise and the distance
-// between two sets of parameters.
+// What the trainer tests of both backends share: a data set of noise, a configuration
+// that trains it for a few steps on CPU devices, and the distance between two sets of
+// parameters.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
 
+#include "mnist_mt/backend.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/model.hpp"
+#include "mnist_mt/trainer.hpp"
 
 namespace mnist_mt::testing_fixture {
 
@@ -23,6 +26,32 @@ inline Split noise_split(std::uint32_t n, unsigned seed) {
   for (auto& label : s.labels) label = static_cast<std::uint8_t>(rng() % kClasses);
   for (auto& pixel : s.images) pixel = static_cast<std::uint8_t>(rng());
   return s;
+}
+
+inline const Dataset& dataset() {
+  static const Dataset data{noise_split(640, 1), noise_split(101, 2)};
+  return data;
+}
+
+// A small learning rate and no momentum: in fp32 a rounding difference can flip a ReLU
+// whose input is within rounding of zero, which changes that sample's gradient outright,
+// and a large step would carry such a flip past the 1e-5 that the comparisons allow.
+inline TrainConfig config_for(int world, std::uint32_t batch) {
+  TrainConfig c;
+  for (int r = 0; r < world; ++r) c.devices.push_back(r);
+  c.batch = batch;
+  c.epochs = 1;
+  c.max_steps = 20;
+  c.seed = 7;
+  c.sgd = {0.001f, 0.0f, 1e-4f};
+  c.evaluate = false;
+  return c;
+}
+
+// Trains `config` on dataset() with the CPU backend.
+inline TrainResult run(const TrainConfig& config) {
+  auto backend = make_cpu_backend({});
+  return train(*backend, dataset(), config);
 }
 
 // The worst over the parameter tensors of |a - b| / |b| (Euclidean norms). Norms, not

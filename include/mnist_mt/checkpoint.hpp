@@ -12,15 +12,17 @@ struct Checkpoint {
   std::vector<float> params;    // kParamCount, state-dict order
   std::vector<float> momentum;  // kParamCount, or empty when there is none
   std::uint32_t epoch = 0;      // epochs completed
+  std::uint32_t epoch_step = 0; // steps done in the epoch after those (mid-epoch checkpoints)
   std::uint64_t step = 0;       // optimizer steps taken
   std::uint64_t seed = 0;
 };
 
 // Temp file in the same directory, fsync, rename, fsync of the directory. Throws
-// InputError when the path cannot be written.
+// InputError when the path cannot be created, RuntimeFailure when writing it fails
+// (a full disk); either way the file that was there stays as it was.
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint);
-// Throws InputError for a missing, truncated, corrupt or mismatched file; never
-// returns a partial checkpoint.
+// Throws InputError for a missing, truncated, corrupt or mismatched file, or one with a
+// non-finite value; never returns a partial checkpoint.
 Checkpoint load_checkpoint(const std::filesystem::path& path);
 
 }  // namespace mnist_mt

@@ -26,4 +26,14 @@ class Aborted : public RuntimeFailure {
   using RuntimeFailure::RuntimeFailure;
 };
 
+// The run was aborted by a signal; the CLI exits 128 + signal.
+class Interrupted : public RuntimeFailure {
+ public:
+  Interrupted(const std::string& what, int signal) : RuntimeFailure(what), signal_(signal) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
+
 }  // namespace mnist_mt

@@ -2,6 +2,7 @@
 // Data-parallel training over a backend's devices: DDP (a worker thread per device,
 // bucketed allreduce overlapping backward) or the DataParallel-style baseline (one host
 // thread drives every device). DESIGN.md decisions 3, 4, 7, 9.
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -23,21 +24,51 @@ struct FaultInjection {  // tests: rank `rank` throws at global step `step`
   std::uint64_t step = 0;
 };
 
+enum class StallPhase { kData, kCompute, kCollective };
+
+struct StallInjection {  // tests: rank `rank` stops making progress in `phase` of step `step`
+  int rank = 0;
+  std::uint64_t step = 0;
+  StallPhase phase = StallPhase::kCompute;
+};
+
+// Asks a running train() to stop (from a signal watcher): stop() lets every rank finish
+// the step in flight, then train() saves a checkpoint and returns; abort() releases every
+// rank at once and train() throws Interrupted.
+class StopRequest {
+ public:
+  void stop(int signal) { stop_.store(signal); }
+  void abort(int signal) { abort_.store(signal); }
+  int stop_signal() const { return stop_.load(); }    // 0: none
+  int abort_signal() const { return abort_.load(); }  // 0: none
+
+ private:
+  std::atomic<int> stop_{0};
+  std::atomic<int> abort_{0};
+};
+
 struct TrainConfig {
   Mode mode = Mode::kDdp;
   // Device ids; rank i drives devices[i]. An id may repeat: ranks that share a GPU
   // exchange gradients through pinned host memory instead of NCCL (slow, but it runs
   // the multi-rank GPU code on a one-GPU host; the CLI refuses it).
   std::vector<int> devices;
-  std::uint32_t epochs = 1;
+  std::uint32_t epochs = 1;        // the run's total: a resumed run trains what is left
   std::uint32_t batch = 64;        // per device
   SgdOptions sgd;
   std::uint64_t seed = 1;
   double bucket_mb = 25.0;         // cap of every bucket but the first (which is min(1 MB, cap))
   std::optional<std::filesystem::path> load;
   std::optional<std::filesystem::path> save;
+  std::uint32_t save_every = 0;    // also save every this many global steps (0: epoch ends only)
+  std::uint32_t keep = 1;          // checkpoints kept: >1 names each by its step, `save` links the latest
+  // Where a stop request saves when `save` is not given.
+  std::filesystem::path interrupt_save = "mnist_mt-interrupted.safetensors";
+  double timeout_s = 600;          // a rank without progress for this long fails the run; 0: never
+  StopRequest* stop = nullptr;
   std::optional<std::filesystem::path> metrics;
   std::optional<FaultInjection> fault;
+  std::optional<StallInjection> stall;
   std::uint32_t max_steps = 0;     // per epoch, 0 = all (tests and benchmarks)
   bool evaluate = true;
   std::ostream* progress = nullptr;  // rank 0's progress lines and epoch summaries
@@ -56,14 +87,26 @@ struct EpochMetrics {
   double seconds = 0;
   std::uint64_t steps = 0;
   PhaseSeconds phase_seconds;  // rank 0's
+  std::uint64_t peak_rss_bytes = 0;  // the process's peak resident memory so far
+};
+
+struct Interruption {  // a run stopped by StopRequest::stop
+  int signal = 0;
+  std::filesystem::path checkpoint;
+  std::uint32_t epoch = 0;       // epochs completed
+  std::uint32_t epoch_step = 0;  // steps done in the next one
+  std::uint64_t step = 0;        // global steps done
 };
 
 struct TrainResult {
   std::vector<EpochMetrics> epochs;
   std::vector<float> params;  // final parameters (rank 0's)
+  std::optional<Interruption> interrupted;
 };
 
-// A worker failure surfaces as RuntimeFailure("rank R failed at step S: why").
+// A worker failure surfaces as RuntimeFailure("rank R failed at step S: why"); a stall
+// longer than timeout_s as RuntimeFailure("rank R stalled at step S in PHASE ..."); an
+// abort request as Interrupted.
 TrainResult train(Backend& backend, const Dataset& data, const TrainConfig& config);
 
 }  // namespace mnist_mt

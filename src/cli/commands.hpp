@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "mnist_mt/trainer.hpp"
 #include "options.hpp"
 
 namespace mnist_mt::cli {
@@ -23,13 +24,19 @@ struct TrainFlags {
   std::uint64_t seed = 1;
   double bucket_mb = 25.0;
   std::optional<std::string> save;
+  std::int64_t save_every = 0;
+  std::int64_t keep = 1;
+  double timeout = 600;
   std::optional<std::string> load;
   std::optional<std::string> metrics;
   std::int64_t max_steps = 0;
   std::optional<std::string> inject_fault;
+  std::optional<std::string> inject_stall;
 };
 void add_train_flags(CLI::App& app, TrainFlags& f);
-int run_train(const TrainFlags& f);
+// `stop` carries the SIGINT/SIGTERM requests; the exit code is 128 + the signal when
+// one stopped the run.
+int run_train(const TrainFlags& f, StopRequest& stop);
 
 struct EvalFlags {
   DeviceFlags device;

@@ -1,12 +1,15 @@
 // mnist_mt: training (no subcommand), `eval` and `predict` of a checkpoint, --version.
-// Exit codes: 0 done, 2 bad input or usage, 3 a failure while running. Every error is
-// one line on stderr.
+// Exit codes: 0 done, 2 bad input or usage, 3 a failure while running, 130/143 a
+// training stopped by SIGINT/SIGTERM (128 + the signal). Every error is one line on
+// stderr.
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <iostream>
 
 #include "commands.hpp"
 #include "mnist_mt/error.hpp"
+#include "mnist_mt/trainer.hpp"
+#include "signal_watch.hpp"
 
 namespace {
 
@@ -16,6 +19,9 @@ void report(const char* what) { std::cerr << "mnist_mt: error: " << what << std:
 int guarded(const std::function<int()>& command) {
   try {
     return command();
+  } catch (const mnist_mt::Interrupted& e) {  // a second SIGINT or SIGTERM: aborted at once
+    report(e.what());
+    return 128 + e.signal();
   } catch (const mnist_mt::InputError& e) {
     report(e.what());
     return 2;
@@ -60,5 +66,9 @@ int main(int argc, char** argv) {
   }
   if (eval_app->parsed()) return guarded([&] { return run_eval(eval); });
   if (predict_app->parsed()) return guarded([&] { return run_predict(predict); });
-  return guarded([&] { return run_train(train); });
+  // Training only: the first SIGINT/SIGTERM stops it after the step in flight with a
+  // checkpoint. Made before training starts any thread, so that every thread blocks them.
+  mnist_mt::StopRequest stop;
+  const mnist_mt::SignalWatch signals(stop);
+  return guarded([&] { return run_train(train, stop); });
 }

@@ -18,15 +18,6 @@
 namespace mnist_mt::cli {
 namespace {
 
-// The whole of `text` as a number, or nothing.
-template <typename T>
-std::optional<T> number(std::string_view text) {
-  T value{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
-  return value;
-}
-
 // "0,2,3": distinct non-negative device numbers.
 std::vector<int> parse_gpus(const std::string& list) {
   if (list.empty()) throw InputError("--gpus: empty device list");
@@ -35,7 +26,7 @@ std::vector<int> parse_gpus(const std::string& list) {
   while (begin <= list.size()) {
     const std::size_t end = std::min(list.find(',', begin), list.size());
     const std::string item = list.substr(begin, end - begin);
-    const auto id = number<int>(item);
+    const auto id = whole_number<int>(item);
     if (!id) throw InputError("--gpus: '" + item + "' is not a device number");
     if (*id < 0) throw InputError("--gpus: device " + item + " is negative");
     if (std::find(ids.begin(), ids.end(), *id) != ids.end()) {

@@ -2,11 +2,13 @@
 // What every subcommand shares: the device flags, the data flags, and the checks that
 // turn a flag's value into a config value (an error names the flag).
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mnist_mt/backend.hpp"
@@ -41,6 +43,15 @@ Devices pick_devices(const DeviceFlags& f);
 // Downloads when asked, finds the data (DESIGN of the search: data_source.hpp), prints
 // the line naming the data set and its directory on `out` and any notice on stderr.
 Dataset load_data(const DataFlags& f, std::ostream& out);
+
+// The whole of `text` as a number, or nothing.
+template <typename T>
+std::optional<T> whole_number(std::string_view text) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
 
 // A count from min up to what 32 bits hold.
 std::uint32_t count_flag(std::int64_t value, std::int64_t min, const std::string& flag);

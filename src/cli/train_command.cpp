@@ -6,23 +6,52 @@
 #include "commands.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/trainer.hpp"
+#include "signal_watch.hpp"
 
 namespace mnist_mt::cli {
 namespace {
 
 FaultInjection parse_fault(const std::string& spec) {
   const std::size_t colon = spec.find(':');
-  int rank = 0;
-  std::uint64_t step = 0;
-  const auto whole = [](std::string_view text, auto& value) {
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    return !text.empty() && ec == std::errc() && end == text.data() + text.size();
-  };
-  if (colon == std::string::npos || !whole(std::string_view(spec).substr(0, colon), rank) ||
-      !whole(std::string_view(spec).substr(colon + 1), step)) {
-    throw InputError("--inject-fault: expected RANK:STEP, got '" + spec + "'");
+  const auto rank = whole_number<int>(std::string_view(spec).substr(0, colon));
+  const auto step =
+      colon == std::string::npos ? std::nullopt : whole_number<std::uint64_t>(std::string_view(spec).substr(colon + 1));
+  if (!rank || !step) throw InputError("--inject-fault: expected RANK:STEP, got '" + spec + "'");
+  return {*rank, *step};
+}
+
+StallInjection parse_stall(const std::string& spec) {
+  const std::size_t first = spec.find(':');
+  const std::size_t second = first == std::string::npos ? first : spec.find(':', first + 1);
+  const std::string_view text(spec);
+  const auto rank = whole_number<int>(text.substr(0, first));
+  const auto step = second == std::string::npos
+                        ? std::nullopt
+                        : whole_number<std::uint64_t>(text.substr(first + 1, second - first - 1));
+  const std::string_view phase = second == std::string::npos ? "" : text.substr(second + 1);
+  const std::string usage = "--inject-stall: expected RANK:STEP:data|compute|collective, got '" + spec + "'";
+  StallInjection stall;
+  if (phase == "data") {
+    stall.phase = StallPhase::kData;
+  } else if (phase == "compute") {
+    stall.phase = StallPhase::kCompute;
+  } else if (phase == "collective") {
+    stall.phase = StallPhase::kCollective;
+  } else {
+    throw InputError(usage);
   }
-  return {rank, step};
+  if (!rank || !step) throw InputError(usage);
+  stall.rank = *rank;
+  stall.step = *step;
+  return stall;
+}
+
+// A run stopped by a signal: where its checkpoint is, and how to go on.
+int interrupted(const Interruption& i) {
+  std::cout << "mnist_mt: " << signal_name(i.signal) << ": stopped at epoch " << i.epoch + 1 << " step "
+            << i.epoch_step << " (global step " << i.step << "); checkpoint saved to " << i.checkpoint.string()
+            << "; add --load " << i.checkpoint.string() << " to the same command to finish the run" << std::endl;
+  return 128 + i.signal;
 }
 
 }  // namespace
@@ -32,7 +61,8 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--mode", f.mode, "ddp, or dp for the DataParallel-style baseline")
       ->check(CLI::IsMember({"ddp", "dp"}))
       ->capture_default_str();
-  app.add_option("--epochs", f.epochs, "Epochs to train")->capture_default_str();
+  app.add_option("--epochs", f.epochs, "Epochs the run trains in all (with --load: up to this many)")
+      ->capture_default_str();
   app.add_option("--batch-size", f.batch, "Batch size per device")->capture_default_str();
   app.add_option("--lr", f.lr, "SGD learning rate")->capture_default_str();
   app.add_option("--momentum", f.momentum, "SGD momentum")->capture_default_str();
@@ -41,17 +71,26 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--bucket-mb", f.bucket_mb, "Gradient bucket cap in MiB (the first bucket: at most 1 MiB)")
       ->capture_default_str();
   add_data_flags(app, f.data);
-  app.add_option("--save", f.save, "Write a safetensors checkpoint there after each epoch");
+  app.add_option("--save", f.save, "Write a safetensors checkpoint there after each epoch and on SIGINT/SIGTERM");
+  app.add_option("--save-every", f.save_every, "Also save every this many steps (0: at epoch ends only)")
+      ->capture_default_str();
+  app.add_option("--keep", f.keep, "Keep the last N checkpoints (N > 1: one file per step, --save links the latest)")
+      ->capture_default_str();
+  app.add_option("--timeout", f.timeout, "Fail the run when a rank makes no progress for this many seconds (0: off)")
+      ->capture_default_str();
   app.add_option("--load", f.load, "Start from this checkpoint (weights, momentum, epoch, step, seed)");
   app.add_option("--metrics", f.metrics, "Write one JSON line per epoch to this file");
   app.add_option("--max-steps", f.max_steps, "Stop each epoch after this many steps (0: the whole epoch)")
       ->capture_default_str();
   // Tests only, kept out of --help: rank RANK throws at global step STEP.
   app.add_option("--inject-fault", f.inject_fault)->group("");
+  // Tests only: rank RANK stops making progress in PHASE (data, compute, collective) of step STEP.
+  app.add_option("--inject-stall", f.inject_stall)->group("");
 }
 
-int run_train(const TrainFlags& f) {
+int run_train(const TrainFlags& f, StopRequest& stop) {
   TrainConfig config;
+  config.stop = &stop;
   config.mode = f.mode == "dp" ? Mode::kDp : Mode::kDdp;
   config.epochs = count_flag(f.epochs, 0, "--epochs");
   config.batch = count_flag(f.batch, 1, "--batch-size");
@@ -68,6 +107,15 @@ int run_train(const TrainFlags& f) {
   if (f.load) config.load = *f.load;
   if (f.metrics) config.metrics = *f.metrics;
   if (f.inject_fault) config.fault = parse_fault(*f.inject_fault);
+  if (f.inject_stall) config.stall = parse_stall(*f.inject_stall);
+  config.save_every = count_flag(f.save_every, 0, "--save-every");
+  config.keep = count_flag(f.keep, 1, "--keep");
+  if (f.keep > 1 && !f.save) throw InputError("--keep: needs --save");
+  if (f.save_every > 0 && !f.save) throw InputError("--save-every: needs --save");
+  if (!std::isfinite(f.timeout) || f.timeout < 0) {
+    throw InputError("--timeout: must be a finite number of seconds >= 0, got " + show(f.timeout));
+  }
+  config.timeout_s = f.timeout;
   config.progress = &std::cout;
 
   Devices devices = pick_devices(f.device);
@@ -76,8 +124,8 @@ int run_train(const TrainFlags& f) {
   std::cout << "mnist_mt: " << (config.mode == Mode::kDp ? "dp" : "ddp") << " on " << config.devices.size() << ' '
             << devices.backend->name() << " device(s), batch " << config.batch << " per device, " << data.train.size()
             << " training and " << data.test.size() << " test images" << std::endl;
-  train(*devices.backend, data, config);
-  return 0;
+  const TrainResult result = train(*devices.backend, data, config);
+  return result.interrupted ? interrupted(*result.interrupted) : 0;
 }
 
 }  // namespace mnist_mt::cli

@@ -20,6 +20,12 @@ namespace fs = std::filesystem;
   throw InputError(path.string() + ": " + problem);
 }
 
+// A write that fails once the file is open (a full disk, a file size limit) is a
+// runtime failure, not bad input: the path was fine.
+[[noreturn]] void fail_write(const fs::path& path, const std::string& problem) {
+  throw RuntimeFailure(path.string() + ": " + problem);
+}
+
 std::string errno_text() { return std::strerror(errno); }
 
 // The rename is durable only once the directory entry is on disk.
@@ -84,17 +90,17 @@ void AtomicFile::write(const void* data, std::size_t bytes) {
   while (bytes > 0) {
     const ssize_t n = ::write(fd_, p, bytes);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail(target_, "cannot write: " + errno_text());
+    if (n <= 0) fail_write(target_, "cannot write: " + errno_text());
     p += n;
     bytes -= static_cast<std::size_t>(n);
   }
 }
 
 void AtomicFile::commit() {
-  if (::fsync(fd_) != 0) fail(target_, "cannot fsync: " + errno_text());
+  if (::fsync(fd_) != 0) fail_write(target_, "cannot fsync: " + errno_text());
   const int fd = fd_;
   fd_ = -1;
-  if (::close(fd) != 0) fail(target_, "cannot close: " + errno_text());
+  if (::close(fd) != 0) fail_write(target_, "cannot close: " + errno_text());
   if (::rename(temp_.c_str(), target_.c_str()) != 0) fail(target_, "cannot rename the temp file: " + errno_text());
   committed_ = true;
   sync_directory(target_);

@@ -13,8 +13,9 @@ namespace mnist_mt {
 std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& path, std::uint64_t max_bytes);
 
 // Written in pieces, then committed: until commit() the target is untouched, and a
-// file that is never committed leaves nothing behind. Errors throw InputError naming
-// the target.
+// file that is never committed leaves nothing behind. Errors throw naming the target:
+// InputError when the temp file cannot be made or renamed (the path is wrong),
+// RuntimeFailure when a write, fsync or close fails (a full disk, a file size limit).
 class AtomicFile {
  public:
   explicit AtomicFile(std::filesystem::path target);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -58,6 +59,7 @@ std::string header_text(const Checkpoint& c) {
                             {"format_version", std::string(kFormatVersion)},
                             {"epoch", std::to_string(c.epoch)},
                             {"step", std::to_string(c.step)},
+                            {"epoch_step", std::to_string(c.epoch_step)},
                             {"seed", std::to_string(c.seed)}};
   std::uint64_t offset = 0;
   for (const Slot& s : slots(!c.momentum.empty())) {
@@ -166,10 +168,12 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
   const bool with_momentum = std::any_of(header.items().begin(), header.items().end(),
                                          [](const auto& item) { return item.key().starts_with(kMomentumPrefix); });
   const std::vector<Slot> expected = slots(with_momentum);
-  for (const auto& [name, entry] : header.items())
+  for (const auto& item : header.items()) {
+    const std::string& name = item.key();  // not a structured binding: lambdas capture it
     if (name != "__metadata__" &&
         std::none_of(expected.begin(), expected.end(), [&](const Slot& s) { return s.name == name; }))
       fail(path, "unexpected tensor '" + name + "'");
+  }
 
   std::vector<Extent> extents;
   for (const Slot& s : expected) {
@@ -195,11 +199,21 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
   checkpoint.epoch = metadata_number<std::uint32_t>(path, *metadata, "epoch");
   checkpoint.step = metadata_number<std::uint64_t>(path, *metadata, "step");
   checkpoint.seed = metadata_number<std::uint64_t>(path, *metadata, "seed");
+  // Files from before mid-epoch checkpoints hold epoch ends only.
+  if (metadata->contains("epoch_step"))
+    checkpoint.epoch_step = metadata_number<std::uint32_t>(path, *metadata, "epoch_step");
   checkpoint.params.resize(kParamCount);
   if (with_momentum) checkpoint.momentum.resize(kParamCount);
   for (std::size_t i = 0; i < expected.size(); ++i) {
     float* out = (expected[i].momentum ? checkpoint.momentum : checkpoint.params).data() + expected[i].param->offset;
     std::memcpy(out, data + extents[i].begin, extents[i].end - extents[i].begin);
+  }
+  // A model that diverged must not be trained on as if it had not.
+  for (const Slot& s : expected) {
+    const float* v = (s.momentum ? checkpoint.momentum : checkpoint.params).data() + s.param->offset;
+    const auto bad = std::find_if(v, v + s.param->count, [](float x) { return !std::isfinite(x); });
+    if (bad != v + s.param->count)
+      fail(path, "tensor '" + s.name + "' holds a non-finite value at element " + std::to_string(bad - v));
   }
   return checkpoint;
 }

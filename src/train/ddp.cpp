@@ -2,6 +2,8 @@
 // stream as soon as backward has written the bucket, while backward goes on; the
 // optimizer waits for all of them.
 #include <array>
+#include <cmath>
+#include <string>
 #include <thread>
 
 #include "buckets.hpp"
@@ -32,7 +34,10 @@ class DdpWorker {
       // allocations): NCCL's kernels would hold the device while that peer waits for it.
       run_.await_peers();
       start();
-      for (std::uint32_t epoch = run_.start.epoch; epoch < run_.last_epoch(); ++epoch) train_epoch(epoch);
+      for (std::uint32_t epoch = run_.start.epoch; epoch < run_.last_epoch(); ++epoch) {
+        if (!train_epoch(epoch)) break;
+      }
+      run_.beat(rank_, step_, Phase::kDone);
       if (rank_ == 0) {
         run_.result.params.resize(kParamCount);
         replica_->read_params(run_.result.params);
@@ -53,41 +58,71 @@ class DdpWorker {
     device_.compute_wait_comm();
   }
 
-  void train_epoch(std::uint32_t epoch) {
+  // False when a stop request ended the run inside this epoch.
+  bool train_epoch(std::uint32_t epoch) {
     const DropoutKey key{run_.start.seed, epoch};
     EpochMetrics m;
     m.epoch = epoch + 1;
     StepStats train;
     {
       const auto lease = run_.loaders.acquire(epoch, true);
-      train = run_.train_steps(m, run_.steps_in_epoch(lease.loader().steps()), rank_ == 0, [&](PhaseSeconds& phase) {
-        run_.inject_fault(rank_, step_);
-        const StepStats stats = step(lease.loader(), key, phase);
-        ++step_;
-        return stats;
-      });
+      const std::uint32_t first = run_.first_step(epoch);
+      skip(lease.loader(), first);
+      Replica* rank0 = rank_ == 0 ? replica_.get() : nullptr;
+      const bool done = run_.train_steps(m, first, run_.steps_in_epoch(lease.loader().steps()), rank0, step_, train,
+                                         [&](PhaseSeconds& phase) {
+                                           run_.inject_fault(rank_, step_);
+                                           const StepStats stats = step(lease.loader(), key, phase);
+                                           ++step_;
+                                           return stats;
+                                         });
+      if (!done) {
+        if (rank_ == 0) run_.end_interrupted(*replica_, epoch, first + static_cast<std::uint32_t>(m.steps), step_);
+        return false;
+      }
     }
+    run_.beat(rank_, step_, Phase::kEvaluate);
     const StepStats test = run_.config.evaluate ? evaluate(key) : StepStats{};
     std::array<double, 6> sums{train.loss_sum, train.correct, train.samples, test.loss_sum, test.correct, test.samples};
+    run_.beat(rank_, step_, Phase::kCommWait);
     comm_.allreduce_host(sums);
-    if (rank_ != 0) return;
+    if (rank_ != 0) return true;
     set_results(m, {sums[0], sums[1], sums[2]}, {sums[3], sums[4], sums[5]});
     run_.end_epoch(m, *replica_, step_);
+    return true;
+  }
+
+  // A resumed epoch: the batches of the steps the checkpoint has taken already.
+  void skip(Loader& loader, std::uint32_t steps) {
+    for (std::uint32_t k = 0; k < steps; ++k) {
+      if (loader.next(rank_) == nullptr) throw Aborted("the loader was cancelled");
+    }
   }
 
   // The host waits for the compute stream after forward and after backward to time
   // them; the comm stream runs on meanwhile, so what is left of it is the exposed wait.
   StepStats step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {
     Stopwatch clock;
+    run_.beat(rank_, step_, Phase::kData);
+    run_.inject_stall(rank_, step_, StallPhase::kData);
     const Batch* batch = loader.next(rank_);
     if (batch == nullptr) throw Aborted("the loader was cancelled");
     phase.data_wait += clock.lap();
 
+    run_.beat(rank_, step_, Phase::kForward);
+    run_.inject_stall(rank_, step_, StallPhase::kCompute);
     replica_->set_input(*batch);
     replica_->forward(true, key, batch->size);
     device_.wait_compute();
     const StepStats stats = replica_->take_stats();
+    // Every rank's gradients reach every replica: a non-finite loss anywhere is a
+    // non-finite model everywhere.
+    if (!std::isfinite(stats.loss_sum)) throw RuntimeFailure("non-finite training loss " + std::to_string(stats.loss_sum));
     phase.forward += clock.lap();
+
+    run_.beat(rank_, step_, Phase::kCollective);  // a rank that never joins the step's allreduces
+    run_.inject_stall(rank_, step_, StallPhase::kCollective);
+    run_.beat(rank_, step_, Phase::kBackward);
 
     std::size_t next = 0;
     replica_->backward([&](int layer) {
@@ -102,9 +137,11 @@ class DdpWorker {
     device_.wait_compute();
     phase.backward += clock.lap();
 
+    run_.beat(rank_, step_, Phase::kCommWait);
     device_.synchronize();
     phase.comm_wait += clock.lap();
 
+    run_.beat(rank_, step_, Phase::kOptimizer);
     device_.compute_wait_comm();
     replica_->sgd_step(run_.config.sgd);
     device_.wait_compute();
@@ -115,7 +152,8 @@ class DdpWorker {
   // This rank's shard of the test set; the caller sums the ranks' stats.
   StepStats evaluate(const DropoutKey& key) {
     const auto lease = run_.loaders.acquire(key.epoch, false);
-    return evaluate_shard(*replica_, lease.loader(), rank_, key);
+    return evaluate_shard(*replica_, lease.loader(), rank_, key, nullptr,
+                          [this] { run_.beat(rank_, step_, Phase::kEvaluate); });
   }
 
   Run& run_;

@@ -2,7 +2,9 @@
 // device. Each step: broadcast the parameters from device 0, scatter the global batch,
 // forward everywhere with the loss over the global batch, backward everywhere, reduce
 // the gradients to device 0 and update there. Nothing overlaps; it is the yardstick.
+#include <cmath>
 #include <functional>
+#include <string>
 
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
@@ -24,7 +26,10 @@ class DpLoop {
       on(0);
       replicas_[0]->write_params(run_.start.params);
       if (!run_.start.momentum.empty()) replicas_[0]->write_momentum(run_.start.momentum);
-      for (std::uint32_t epoch = run_.start.epoch; epoch < run_.last_epoch(); ++epoch) train_epoch(epoch);
+      for (std::uint32_t epoch = run_.start.epoch; epoch < run_.last_epoch(); ++epoch) {
+        if (!train_epoch(epoch)) break;
+      }
+      run_.beat(0, step_, Phase::kDone);
       on(0);
       run_.result.params.resize(kParamCount);
       replicas_[0]->read_params(run_.result.params);
@@ -72,21 +77,35 @@ class DpLoop {
     for (int d = 0; d < run_.world(); ++d) on(d).wait_compute();
   }
 
-  void train_epoch(std::uint32_t epoch) {
+  // False when a stop request ended the run inside this epoch. The watchdog sees the
+  // one host thread as rank 0.
+  bool train_epoch(std::uint32_t epoch) {
     const DropoutKey key{run_.start.seed, epoch};
     EpochMetrics m;
     m.epoch = epoch + 1;
     StepStats train;
     {
       Loader loader(run_.data.train, run_.loaders.options(epoch, true));
-      train = run_.train_steps(m, run_.steps_in_epoch(loader.steps()), true, [&](PhaseSeconds& phase) {
-        const StepStats stats = step(loader, key, phase);
-        ++step_;
-        return stats;
-      });
+      const std::uint32_t first = run_.first_step(epoch);
+      for (std::uint32_t k = 0; k < first; ++k)
+        for (int d = 0; d < run_.world(); ++d)
+          if (loader.next(d) == nullptr) throw RuntimeFailure("the loader ended early");
+      const bool done = run_.train_steps(m, first, run_.steps_in_epoch(loader.steps()), replicas_[0].get(), step_,
+                                         train, [&](PhaseSeconds& phase) {
+                                           const StepStats stats = step(loader, key, phase);
+                                           ++step_;
+                                           return stats;
+                                         });
+      if (!done) {
+        on(0);
+        run_.end_interrupted(*replicas_[0], epoch, first + static_cast<std::uint32_t>(m.steps), step_);
+        return false;
+      }
     }
+    run_.beat(0, step_, Phase::kEvaluate);
     set_results(m, train, run_.config.evaluate ? evaluate(key) : StepStats{});
     run_.end_epoch(m, *replicas_[0], step_);
+    return true;
   }
 
   StepStats step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {
@@ -94,6 +113,7 @@ class DpLoop {
     Stopwatch clock;
     std::vector<const Batch*> batches(world);
     std::uint32_t global = 0;
+    run_.beat(0, step_, Phase::kData);
     for (int d = 0; d < world; ++d) {
       on(d);
       run_.inject_fault(d, step_);
@@ -106,6 +126,7 @@ class DpLoop {
     broadcast_params();
     phase.comm_wait += clock.lap();
 
+    run_.beat(0, step_, Phase::kForward);
     StepStats stats;
     for (int d = 0; d < world; ++d) {
       on(d);
@@ -116,7 +137,9 @@ class DpLoop {
       on(d);
       stats += replicas_[d]->take_stats();
     }
+    if (!std::isfinite(stats.loss_sum)) throw RuntimeFailure("non-finite training loss " + std::to_string(stats.loss_sum));
     phase.forward += clock.lap();
+    run_.beat(0, step_, Phase::kBackward);
 
     for (int d = 0; d < world; ++d) {
       on(d);
@@ -125,6 +148,7 @@ class DpLoop {
     wait_compute_all();
     phase.backward += clock.lap();
 
+    run_.beat(0, step_, Phase::kCommWait);
     collective([&](int d) { run_.comms[d]->reduce(replicas_[d]->grads(), kParamCount, ReduceOp::kSum, 0); });
     on(0).synchronize();
     phase.comm_wait += clock.lap();

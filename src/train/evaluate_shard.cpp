@@ -6,9 +6,10 @@
 namespace mnist_mt {
 
 StepStats evaluate_shard(Replica& replica, Loader& loader, int rank, const DropoutKey& key,
-                         ConfusionMatrix* confusion) {
+                         ConfusionMatrix* confusion, const std::function<void()>& on_batch) {
   std::vector<float> logprobs;
   while (const Batch* batch = loader.next(static_cast<std::uint32_t>(rank))) {
+    if (on_batch) on_batch();
     if (batch->size == 0) continue;
     replica.set_input(*batch);
     replica.forward(false, key, batch->size);

@@ -75,7 +75,9 @@ void Progress::end_epoch(const EpochMetrics& m) {
   if (!std::isnan(m.test_loss)) {
     *out_ << format(", test loss %.4f, test accuracy %.2f%%", m.test_loss, 100.0 * m.test_accuracy);
   }
-  *out_ << format(", %.1f s, %.0f img/s", m.seconds, m.images_per_s) << std::endl;
+  *out_ << format(", %.1f s, %.0f img/s, peak RSS %.0f MiB", m.seconds, m.images_per_s,
+                  static_cast<double>(m.peak_rss_bytes) / (1 << 20))
+        << std::endl;
 }
 
 }  // namespace mnist_mt

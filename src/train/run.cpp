@@ -1,7 +1,16 @@
 #include "run.hpp"
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <set>
 #include <string>
+#include <thread>
 
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
@@ -21,6 +30,15 @@ void check(const TrainConfig& config, const Dataset& data) {
   if (config.fault && (config.fault->rank < 0 || config.fault->rank >= static_cast<int>(config.devices.size()))) {
     throw InputError("--inject-fault: no rank " + std::to_string(config.fault->rank));
   }
+  if (config.stall && (config.stall->rank < 0 || config.stall->rank >= static_cast<int>(config.devices.size()))) {
+    throw InputError("--inject-stall: no rank " + std::to_string(config.stall->rank));
+  }
+  if (!(config.timeout_s >= 0) || !std::isfinite(config.timeout_s)) {
+    throw InputError("--timeout: must be a finite number of seconds >= 0");
+  }
+  // An unwritable output is found now, not after the first epoch.
+  if (config.save) check_output_path(*config.save, "--save");
+  if (config.metrics) check_output_path(*config.metrics, "--metrics");
 }
 
 // The checkpoint's parameters, momentum and loop state (its seed too, so that a resumed
@@ -48,6 +66,21 @@ std::vector<std::unique_ptr<Communicator>> communicators(Backend& backend,
   return backend.make_communicators(raw);
 }
 
+// How long a released rank may take to return before the process gives up on it.
+constexpr auto kGrace = std::chrono::seconds(3);
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", seconds);
+  return text;
+}
+
+std::uint64_t peak_rss_bytes() {
+  rusage usage{};
+  if (::getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
 bool is_aborted(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -68,8 +101,61 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
       devices(backend.make_devices(config.devices)),
       comms(communicators(backend, devices)),
       loaders(data, static_cast<std::uint32_t>(devices.size()), config.batch, start.seed),
-      progress(config.progress, std::uint64_t{config.batch} * devices.size()) {
+      progress(config.progress, std::uint64_t{config.batch} * devices.size()),
+      saver_(config.keep) {
   if (config.metrics) metrics_.emplace(*config.metrics);
+  Watchdog::Hooks hooks;
+  hooks.on_stall = [this](int rank, std::uint64_t step, Phase phase, double seconds) {
+    fail(rank, step,
+         std::make_exception_ptr(RuntimeFailure("stalled in phase " + std::string(phase_name(phase)) +
+                                                ": no progress for " + seconds_text(seconds) + " s (timeout " +
+                                                seconds_text(this->config.timeout_s) + " s)")));
+  };
+  hooks.tick = [this] { return watch_tick(); };
+  hooks.on_hung = [this] { exit_hung(); };
+  watchdog_ = std::make_unique<Watchdog>(world(), config.timeout_s, kGrace, std::move(hooks));
+}
+
+// A second signal: every rank released now.
+bool Run::watch_tick() {
+  if (config.stop == nullptr || config.stop->abort_signal() == 0) return false;
+  const int signal = config.stop->abort_signal();
+  fail(-1, 0, std::make_exception_ptr(Interrupted("aborted by signal " + std::to_string(signal), signal)));
+  return true;
+}
+
+// A rank that does not return once released (stuck in a kernel) cannot be joined: the
+// process reports the first failure and ends without it. No file is half-written:
+// checkpoints appear only by rename.
+void Run::exit_hung() const {
+  int code = 3;
+  try {
+    rethrow_failure();
+  } catch (const Interrupted& e) {
+    std::fprintf(stderr, "mnist_mt: error: %s\n", e.what());
+    code = 128 + e.signal();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mnist_mt: error: %s\n", e.what());
+  }
+  std::fflush(stdout);
+  std::_Exit(code);
+}
+
+bool Run::failed() const { return failed_.load(); }
+
+void Run::inject_stall(int rank, std::uint64_t step, StallPhase phase) const {
+  if (!config.stall || config.stall->rank != rank || config.stall->step != step || config.stall->phase != phase) return;
+  // Stuck compute never returns; a missing peer or a stopped loader is released by the abort.
+  while (phase == StallPhase::kCompute || !failed()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
+bool Run::stop_before(std::uint64_t step) {
+  if (config.stop != nullptr && config.stop->stop_signal() != 0) {
+    std::uint64_t at = stop_at_.load();
+    while (step + 1 < at && !stop_at_.compare_exchange_weak(at, step + 1)) {
+    }
+  }
+  return step >= stop_at_.load();
 }
 
 std::uint32_t Run::steps_in_epoch(std::uint32_t loader_steps) const {
@@ -100,34 +186,55 @@ void Run::inject_fault(int rank, std::uint64_t step) const {
   }
 }
 
-StepStats Run::train_steps(EpochMetrics& m, std::uint32_t steps, bool report,
-                           const std::function<StepStats(PhaseSeconds&)>& step) {
-  if (report) progress.start_epoch(m.epoch, steps);
-  StepStats total;
+bool Run::train_steps(EpochMetrics& m, std::uint32_t first, std::uint32_t steps, Replica* rank0,
+                      std::uint64_t& global, StepStats& total, const std::function<StepStats(PhaseSeconds&)>& step) {
+  if (rank0 != nullptr) progress.start_epoch(m.epoch, steps);
   Stopwatch clock;
-  for (std::uint32_t k = 0; k < steps; ++k) {
+  bool done = true;
+  for (std::uint32_t k = first; k < steps; ++k) {
+    if (stop_before(global)) {
+      done = false;
+      break;
+    }
     total += step(m.phase_seconds);
-    if (report) progress.step(k + 1, total.loss_sum / total.samples);
+    ++m.steps;
+    if (rank0 == nullptr) continue;
+    progress.step(k + 1, total.loss_sum / total.samples);
+    if (config.save && config.save_every > 0 && global % config.save_every == 0 && k + 1 < steps) {
+      save(*rank0, m.epoch - 1, k + 1, global, *config.save);
+    }
   }
   m.seconds = clock.lap();
-  m.steps = steps;
-  return total;
+  return done;
 }
 
-void Run::end_epoch(const EpochMetrics& m, Replica& replica, std::uint64_t step) {
-  result.epochs.push_back(m);
-  if (metrics_) metrics_->write(m);
-  progress.end_epoch(m);
-  if (!config.save) return;
+void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step,
+               const std::filesystem::path& path) {
+  beat(0, step, Phase::kSave);
   Checkpoint checkpoint;
   checkpoint.params.resize(kParamCount);
   checkpoint.momentum.resize(kParamCount);
   replica.read_params(checkpoint.params);
   replica.read_momentum(checkpoint.momentum);
-  checkpoint.epoch = m.epoch;
+  checkpoint.epoch = epoch;
+  checkpoint.epoch_step = epoch_step;
   checkpoint.step = step;
   checkpoint.seed = start.seed;
-  save_checkpoint(*config.save, checkpoint);
+  saver_.save(path, checkpoint);
+}
+
+void Run::end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step) {
+  m.peak_rss_bytes = peak_rss_bytes();
+  result.epochs.push_back(m);
+  if (metrics_) metrics_->write(m);
+  progress.end_epoch(m);
+  if (config.save) save(replica, m.epoch, 0, step, *config.save);
+}
+
+void Run::end_interrupted(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step) {
+  const std::filesystem::path path = config.save.value_or(config.interrupt_save);
+  save(replica, epoch, epoch_step, step, path);
+  result.interrupted = Interruption{config.stop->stop_signal(), path, epoch, epoch_step, step};
 }
 
 void Run::fail(int rank, std::uint64_t step, std::exception_ptr error) {
@@ -136,15 +243,23 @@ void Run::fail(int rank, std::uint64_t step, std::exception_ptr error) {
     failures_.push_back({rank, step, std::move(error)});
   }
   peers_cv_.notify_all();
+  failed_.store(true);
   for (auto& c : comms) c->abort();
   loaders.cancel();
 }
 
 void Run::rethrow_failure() const {
+  std::lock_guard lock(failures_mutex_);
   if (failures_.empty()) return;
   const auto root =
       std::find_if(failures_.begin(), failures_.end(), [](const Failure& f) { return !is_aborted(f.error); });
   const Failure& f = root != failures_.end() ? *root : failures_.front();
+  try {
+    std::rethrow_exception(f.error);
+  } catch (const Interrupted&) {
+    throw;
+  } catch (...) {
+  }
   const std::string where = "rank " + std::to_string(f.rank) + " failed at step " + std::to_string(f.step) + ": ";
   try {
     std::rethrow_exception(f.error);

@@ -1,10 +1,12 @@
 #pragma once
 // What the DDP workers and the DataParallel loop share: the devices and communicators,
 // the starting state, rank 0's reporting, and the failure that stops every rank.
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -14,7 +16,9 @@
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "progress.hpp"
+#include "saver.hpp"
 #include "shared_loaders.hpp"
+#include "watchdog.hpp"
 
 namespace mnist_mt {
 
@@ -26,7 +30,7 @@ class Run {
   Run(Backend& backend, const Dataset& data, const TrainConfig& config);
 
   int world() const { return static_cast<int>(devices.size()); }
-  std::uint32_t last_epoch() const { return start.epoch + config.epochs; }
+  std::uint32_t last_epoch() const { return config.epochs; }
   std::uint32_t steps_in_epoch(std::uint32_t loader_steps) const;
   // Every batch size `rank` will meet: the training batch and the last, smaller
   // evaluation batch, for Replica::prepare().
@@ -34,15 +38,28 @@ class Run {
   // A DDP worker, once its replica is ready: returns when every rank's is, or throws
   // Aborted once a rank has failed.
   void await_peers();
+  // The step of `epoch` to start at: the checkpoint's position in its epoch, else 0.
+  std::uint32_t first_step(std::uint32_t epoch) const { return epoch == start.epoch ? start.epoch_step : 0; }
   // Throws the injected fault when `rank` starts global step `step`.
   void inject_fault(int rank, std::uint64_t step) const;
-  // An epoch's training steps: runs `step` (one step, adding its phase times) `steps`
-  // times, times them into m, shows progress when `report` (rank 0), sums their stats.
-  StepStats train_steps(EpochMetrics& m, std::uint32_t steps, bool report,
-                        const std::function<StepStats(PhaseSeconds&)>& step);
+  // Test hook: never returns (or, for the data and collective phases, returns once the
+  // run has failed) when `rank` reaches `phase` of the injected stall's step.
+  void inject_stall(int rank, std::uint64_t step, StallPhase phase) const;
+  // Rank `rank` enters `phase` of global step `step` (the watchdog's progress).
+  void beat(int rank, std::uint64_t step, Phase phase) { watchdog_->beat(rank, step, phase); }
+
+  // An epoch's training steps [first, steps): runs `step` (one step, adding its phase
+  // times and advancing `global`), times them into m, sums their stats into `total`.
+  // `rank0` (rank 0's replica, null elsewhere) shows progress and saves every
+  // save_every steps. Returns false when a stop request ended the epoch early, which
+  // happens at the same global step on every rank.
+  bool train_steps(EpochMetrics& m, std::uint32_t first, std::uint32_t steps, Replica* rank0, std::uint64_t& global,
+                   StepStats& total, const std::function<StepStats(PhaseSeconds&)>& step);
   // Rank 0 at the end of an epoch: records, prints and writes the metrics, saves the
   // checkpoint.
-  void end_epoch(const EpochMetrics& m, Replica& replica, std::uint64_t step);
+  void end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step);
+  // Rank 0 after a stop request: saves where the run stands and records it.
+  void end_interrupted(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step);
 
   // Any thread: records a failure and releases every peer (aborts the communicators,
   // cancels the loaders).
@@ -68,11 +85,25 @@ class Run {
     std::exception_ptr error;
   };
 
+  // Every rank checks before each step; the first to see a stop request sets the stop
+  // one step ahead, which no rank can have started yet (each step's collectives need
+  // the rank that checks).
+  bool stop_before(std::uint64_t step);
+  void save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step,
+            const std::filesystem::path& path);
+  bool failed() const;
+  bool watch_tick();
+  [[noreturn]] void exit_hung() const;
+
   std::optional<MetricsFile> metrics_;
-  std::mutex failures_mutex_;  // guards failures_ and ready_
+  Saver saver_;
+  std::atomic<std::uint64_t> stop_at_{std::numeric_limits<std::uint64_t>::max()};
+  std::atomic<bool> failed_{false};
+  mutable std::mutex failures_mutex_;  // guards failures_ and ready_
   std::condition_variable peers_cv_;
   std::vector<Failure> failures_;
   int ready_ = 0;  // ranks through await_peers()
+  std::unique_ptr<Watchdog> watchdog_;  // last: its thread may call fail()
 };
 
 inline StepStats& operator+=(StepStats& a, const StepStats& b) {

@@ -1,0 +1,34 @@
+#pragma once
+// Rank 0's checkpoint writer: refuses a non-finite model (the last good checkpoint must
+// survive a diverged run) and keeps the last N checkpoints, removing the oldest only
+// once the new one is complete.
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+
+#include "mnist_mt/checkpoint.hpp"
+
+namespace mnist_mt {
+
+class Saver {
+ public:
+  // keep <= 1: every save replaces `path`. keep > 1: each save is its own file,
+  // "<stem>.step-<STEP><ext>" beside `path`, and `path` is a hard link to the latest.
+  explicit Saver(std::uint32_t keep) : keep_(keep) {}
+  // Throws RuntimeFailure for a non-finite model or a failed write; `path` then holds
+  // what it held before.
+  void save(const std::filesystem::path& path, const Checkpoint& checkpoint);
+
+ private:
+  std::uint32_t keep_;
+  std::deque<std::filesystem::path> kept_;  // this run's numbered files, oldest first
+};
+
+// "<stem>.step-<STEP><ext>" beside `path`.
+std::filesystem::path numbered_checkpoint(const std::filesystem::path& path, std::uint64_t step);
+
+// Refuses (InputError, naming `what`) an output path whose directory is missing or not
+// writable, or that names a directory: checked before training starts.
+void check_output_path(const std::filesystem::path& path, const char* what);
+
+}  // namespace mnist_mt

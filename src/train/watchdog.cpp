@@ -1,0 +1,84 @@
+#include "watchdog.hpp"
+
+#include <tuple>
+
+namespace mnist_mt {
+namespace {
+
+constexpr auto kPoll = std::chrono::milliseconds(50);
+
+}  // namespace
+
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::kIdle: return "idle";
+    case Phase::kData: return "data";
+    case Phase::kForward: return "forward";
+    case Phase::kBackward: return "backward";
+    case Phase::kCommWait: return "comm wait";
+    case Phase::kCollective: return "collective";
+    case Phase::kOptimizer: return "optimizer";
+    case Phase::kEvaluate: return "evaluate";
+    case Phase::kSave: return "save";
+    case Phase::kDone: return "done";
+  }
+  return "unknown";
+}
+
+Watchdog::Watchdog(int ranks, double timeout_s, std::chrono::milliseconds grace, Hooks hooks)
+    : ranks_(ranks),
+      timeout_s_(timeout_s),
+      grace_(grace),
+      hooks_(std::move(hooks)),
+      slots_(std::make_unique<Slot[]>(static_cast<std::size_t>(ranks))),
+      thread_([this](std::stop_token stop) { watch(stop); }) {}
+
+std::int64_t Watchdog::now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void Watchdog::beat(int rank, std::uint64_t step, Phase phase) {
+  Slot& s = slots_[static_cast<std::size_t>(rank)];
+  s.since_ns.store(now_ns(), std::memory_order_relaxed);
+  s.step.store(step, std::memory_order_relaxed);
+  s.phase.store(static_cast<int>(phase), std::memory_order_release);
+}
+
+// Of the ranks past the timeout, the one furthest behind (step, then phase) is the one
+// that stalled: its peers wait for it further on in the same step (a collective cannot
+// finish without it), however long each has waited.
+bool Watchdog::check_stall() {
+  if (timeout_s_ <= 0) return false;
+  const std::int64_t now = now_ns();
+  const auto limit = static_cast<std::int64_t>(timeout_s_ * 1e9);
+  int stalled = -1;
+  std::tuple<std::uint64_t, int, std::int64_t> behind{};
+  for (int r = 0; r < ranks_; ++r) {
+    const Slot& s = slots_[static_cast<std::size_t>(r)];
+    const int phase = s.phase.load(std::memory_order_acquire);
+    const std::tuple<std::uint64_t, int, std::int64_t> at{s.step.load(std::memory_order_relaxed), phase,
+                                                          s.since_ns.load(std::memory_order_relaxed)};
+    if (phase == static_cast<int>(Phase::kIdle) || phase == static_cast<int>(Phase::kDone)) continue;
+    if (now - std::get<2>(at) <= limit) continue;
+    if (stalled < 0 || at < behind) stalled = r, behind = at;
+  }
+  if (stalled < 0) return false;
+  hooks_.on_stall(stalled, std::get<0>(behind), static_cast<Phase>(std::get<1>(behind)),
+                  static_cast<double>(now - std::get<2>(behind)) * 1e-9);
+  return true;
+}
+
+void Watchdog::watch(std::stop_token stop) {
+  std::unique_lock lock(mutex_);
+  bool fired = false;
+  while (!stop.stop_requested() && !fired) {
+    wake_.wait_for(lock, stop, kPoll, [] { return false; });
+    if (stop.stop_requested()) return;
+    fired = hooks_.tick() || check_stall();
+  }
+  wake_.wait_for(lock, stop, grace_, [] { return false; });
+  if (!stop.stop_requested()) hooks_.on_hung();
+}
+
+}  // namespace mnist_mt

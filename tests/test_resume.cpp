@@ -1,0 +1,205 @@
+// Never lose work, never hang, in process on the CPU backend: a run resumed from any
+// mid-epoch checkpoint (by --save-every or by a stop request at a random moment) ends
+// with the uninterrupted run's weights bit for bit; --keep keeps the last N; an abort
+// request and a stalled rank release every rank; a diverged run stops and keeps the
+// last good checkpoint.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mnist_mt/checkpoint.hpp"
+#include "mnist_mt/error.hpp"
+#include "saver.hpp"
+#include "train_fixture.hpp"
+
+namespace mnist_mt {
+namespace {
+
+using namespace testing_fixture;
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+class ResumeTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("mnist_mt_resume_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Two epochs of 20 steps, momentum on, so that the checkpoint's momentum matters too.
+  static TrainConfig two_epochs(Mode mode) {
+    TrainConfig c = config_for(2, 8);
+    c.mode = mode;
+    c.sgd.momentum = 0.9f;
+    c.epochs = 2;
+    return c;
+  }
+
+  std::size_t files() const {
+    return static_cast<std::size_t>(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()));
+  }
+
+  fs::path dir_;
+  std::mt19937 rng_{std::random_device{}()};
+};
+
+TEST_F(ResumeTest, ResumingFromAnyStepOfSaveEveryEqualsTheUninterruptedRunBitwise) {
+  for (Mode mode : {Mode::kDdp, Mode::kDp}) {
+    TrainConfig c = two_epochs(mode);
+    const TrainResult straight = run(c);
+    c.save = dir_ / "model.safetensors";
+    c.save_every = 1 + rng_() % 7;
+    c.keep = 100;  // every checkpoint stays, to resume from a random one
+    EXPECT_EQ(run(c).params, straight.params);
+    const std::uint64_t step = c.save_every * (1 + rng_() % (39 / c.save_every));
+    SCOPED_TRACE(testing::Message() << "save every " << c.save_every << ", resumed at step " << step);
+    const fs::path numbered = numbered_checkpoint(*c.save, step);
+    const Checkpoint mid = load_checkpoint(numbered);
+    EXPECT_EQ(mid.step, step);
+    EXPECT_EQ(mid.epoch * 20 + mid.epoch_step, step);
+    TrainConfig resume = two_epochs(mode);
+    resume.load = numbered;
+    EXPECT_EQ(run(resume).params, straight.params);
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+}
+
+TEST_F(ResumeTest, KeepHoldsTheLastNAndSaveNamesTheLatest) {
+  TrainConfig c = two_epochs(Mode::kDdp);
+  c.save = dir_ / "model.safetensors";
+  c.save_every = 3;
+  c.keep = 2;
+  run(c);
+  // Saves at steps 3, 6, ..., 39 and at the epoch ends 20 and 40: the last two are 39, 40.
+  EXPECT_EQ(files(), 3u);
+  EXPECT_TRUE(fs::exists(numbered_checkpoint(*c.save, 39)));
+  EXPECT_TRUE(fs::exists(numbered_checkpoint(*c.save, 40)));
+  EXPECT_EQ(load_checkpoint(*c.save).step, 40u);
+}
+
+// A stop request at a random moment: every rank stops at the same step, the checkpoint
+// says where, and the run resumed from it ends where the uninterrupted one does.
+TEST_F(ResumeTest, AStopAtARandomTimeResumesToTheUninterruptedWeightsBitwise) {
+  for (Mode mode : {Mode::kDdp, Mode::kDp}) {
+    SCOPED_TRACE(mode == Mode::kDdp ? "ddp" : "dp");
+    TrainConfig c = two_epochs(mode);
+    const auto begin = std::chrono::steady_clock::now();
+    const TrainResult straight = run(c);
+    const auto took = std::chrono::steady_clock::now() - begin;
+    std::optional<TrainResult> stopped;
+    for (int attempt = 0; attempt < 8 && !(stopped && stopped->interrupted); ++attempt) {
+      StopRequest stop;
+      c.stop = &stop;
+      c.interrupt_save = dir_ / "stopped.safetensors";
+      std::jthread signaller([&, delay = std::uniform_real_distribution<double>(0, 1)(rng_) * took / (attempt + 1)] {
+        std::this_thread::sleep_for(delay);
+        stop.stop(2);
+      });
+      stopped = run(c);
+    }
+    ASSERT_TRUE(stopped && stopped->interrupted) << "the run always ended before the stop";
+    const Interruption& at = *stopped->interrupted;
+    EXPECT_EQ(at.checkpoint, dir_ / "stopped.safetensors");
+    EXPECT_EQ(at.epoch * 20 + at.epoch_step, at.step);
+    TrainConfig resume = two_epochs(mode);
+    resume.load = at.checkpoint;
+    EXPECT_EQ(run(resume).params, straight.params) << "stopped at step " << at.step;
+  }
+}
+
+// With another rank count and the same global batch the steps are the same; the sums
+// round differently, so the weights agree within the tolerance of N ranks x B = 1 x NB.
+TEST_F(ResumeTest, AnotherRankCountResumesTheSameSteps) {
+  TrainConfig c = config_for(2, 8);
+  c.epochs = 2;
+  const TrainResult straight = run(c);
+  c.save = dir_ / "model.safetensors";
+  c.save_every = 25;
+  c.keep = 100;
+  run(c);
+  TrainConfig resume = config_for(1, 16);
+  resume.epochs = 2;
+  resume.load = numbered_checkpoint(*c.save, 25);
+  EXPECT_LE(relative_difference(run(resume).params, straight.params), 1e-5);
+}
+
+TEST_F(ResumeTest, AnAbortRequestReleasesEveryRankAndThrowsInterrupted) {
+  TrainConfig c = config_for(3, 8);
+  c.epochs = 1000;  // far longer than the test
+  StopRequest stop;
+  c.stop = &stop;
+  std::jthread signaller([&] {
+    std::this_thread::sleep_for(200ms);
+    stop.stop(15);
+    stop.abort(15);
+  });
+  const auto begin = std::chrono::steady_clock::now();
+  try {
+    run(c);
+    ADD_FAILURE() << "not interrupted";
+  } catch (const Interrupted& e) {
+    EXPECT_EQ(e.signal(), 15);
+  } catch (const std::exception& e) {
+    // The stop may win the race: then the run ends at a step with a checkpoint.
+    ADD_FAILURE() << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - begin, 20s);
+}
+
+// A rank waiting for data or never joining a collective: the watchdog fails the run
+// naming the rank, the step and the phase, within the timeout and a few seconds.
+TEST_F(ResumeTest, AStalledRankFailsTheRunWithinTheTimeout) {
+  for (StallPhase phase : {StallPhase::kData, StallPhase::kCollective}) {
+    TrainConfig c = config_for(3, 8);
+    c.timeout_s = 1;
+    c.stall = StallInjection{static_cast<int>(rng_() % 3), rng_() % 20, phase};
+    const std::string name = phase == StallPhase::kData ? "data" : "collective";
+    const std::string expected = "rank " + std::to_string(c.stall->rank) + " failed at step " +
+                                 std::to_string(c.stall->step) + ": stalled in phase " + name;
+    SCOPED_TRACE(expected);
+    const auto begin = std::chrono::steady_clock::now();
+    try {
+      run(c);
+      ADD_FAILURE() << "no failure";
+    } catch (const RuntimeFailure& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(expected, 0), 0u) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - begin, 10s);
+  }
+}
+
+TEST_F(ResumeTest, ADivergedRunStopsAndKeepsTheLastGoodCheckpoint) {
+  TrainConfig c = config_for(2, 8);
+  c.save = dir_ / "model.safetensors";
+  run(c);
+  std::ifstream before_file(*c.save, std::ios::binary);
+  const std::string before((std::istreambuf_iterator<char>(before_file)), {});
+  c.load = c.save;
+  c.epochs = 3;
+  c.sgd.lr = 1e30f;
+  try {
+    run(c);
+    ADD_FAILURE() << "a diverged run went on";
+  } catch (const RuntimeFailure& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("non-finite training loss") != std::string::npos ||
+                what.find("non-finite value") != std::string::npos)
+        << what;
+  }
+  std::ifstream after_file(*c.save, std::ios::binary);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(after_file)), {}), before);
+}
+
+}  // namespace
+}  // namespace mnist_mt
