@@ -1,4 +1,3 @@
-#include <charconv>
 #include <cmath>
 #include <iostream>
 #include <string_view>
