@@ -45,9 +45,13 @@ void Watchdog::beat(int rank, std::uint64_t step, Phase phase) {
   s.phase.store(static_cast<int>(phase), std::memory_order_release);
 }
 
-// Of the ranks past the timeout, the one furthest behind (step, then phase) is the one
-// that stalled: its peers wait for it further on in the same step (a collective cannot
-// finish without it), however long each has waited.
+// The rank furthest behind (step, then phase) is the one that holds the run: its peers
+// wait for it further on in the same step, since a collective cannot finish without it.
+// A peer can pass the timeout first (it waits from the moment it got there, which may be
+// before the laggard even entered its phase), so the stall is reported only once the
+// rank furthest behind has itself made no progress for the timeout, and it names that
+// rank. The ranks are tied by every step's collectives, so while peers wait the rank
+// furthest behind cannot keep moving: it too passes the timeout.
 bool Watchdog::check_stall() {
   if (timeout_s_ <= 0) return false;
   const std::int64_t now = now_ns();
@@ -60,10 +64,9 @@ bool Watchdog::check_stall() {
     const std::tuple<std::uint64_t, int, std::int64_t> at{s.step.load(std::memory_order_relaxed), phase,
                                                           s.since_ns.load(std::memory_order_relaxed)};
     if (phase == static_cast<int>(Phase::kIdle) || phase == static_cast<int>(Phase::kDone)) continue;
-    if (now - std::get<2>(at) <= limit) continue;
     if (stalled < 0 || at < behind) stalled = r, behind = at;
   }
-  if (stalled < 0) return false;
+  if (stalled < 0 || now - std::get<2>(behind) <= limit) return false;
   hooks_.on_stall(stalled, std::get<0>(behind), static_cast<Phase>(std::get<1>(behind)),
                   static_cast<double>(now - std::get<2>(behind)) * 1e-9);
   return true;
