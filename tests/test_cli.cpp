@@ -21,11 +21,12 @@ TEST(Cli, HelpListsTheFlagsButNotTheTestHook) {
   EXPECT_EQ(o.exit_code, 0);
   for (const char* flag : {"--cpu", "--gpus", "--mode", "--epochs", "--batch-size", "--lr", "--momentum",
                            "--weight-decay", "--seed", "--bucket-mb", "--data", "--save", "--load", "--metrics",
-                           "--save-every", "--keep", "--timeout"}) {
+                           "--save-every", "--keep", "--timeout", "--on-nan"}) {
     EXPECT_NE(o.out.find(flag), std::string::npos) << flag;
   }
   EXPECT_EQ(o.out.find("--inject-fault"), std::string::npos);
   EXPECT_EQ(o.out.find("--inject-stall"), std::string::npos);
+  EXPECT_EQ(o.out.find("--inject-nan"), std::string::npos);
 }
 
 TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
@@ -57,6 +58,9 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
       {{"--inject-fault", "1"}, "--inject-fault"},
       {{"--inject-stall", "1:2:nowhere"}, "--inject-stall"},
       {{"--timeout", "-1"}, "--timeout"},
+      {{"--on-nan", "ignore"}, "--on-nan"},
+      {{"--inject-nan", "1:x"}, "--inject-nan"},
+      {{"--inject-nan", "4:1"}, "--inject-nan"},
       {{"--keep", "0"}, "--keep"},
       {{"--keep", "3"}, "--keep"},
       {{"--save-every", "5"}, "--save-every"},
@@ -115,6 +119,30 @@ TEST(Cli, AnInjectedFaultExits3NamingTheRankAndStepWithinSeconds) {
     EXPECT_EQ(o.exit_code, 3);
     EXPECT_EQ(o.err, "mnist_mt: error: rank 2 failed at step 4: injected fault\n");
     EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+  }
+}
+
+// Stop names the rank whose loss went NaN and its step; skip drops that step everywhere
+// and says so in the summary and the metrics.
+TEST(Cli, ANonFiniteStepStopsTheRunOrIsSkipped) {
+  for (const char* mode : {"ddp", "dp"}) {
+    SCOPED_TRACE(mode);
+    const std::vector<std::string> args{"--cpu", "3", "--mode", mode, "--batch-size", "8", "--epochs", "1",
+                                        "--max-steps", "6", "--data", small_data().string(), "--inject-nan", "1:3"};
+    const Outcome stopped = run_cli(args, 60s);
+    EXPECT_EQ(stopped.exit_code, 3);
+    EXPECT_EQ(stopped.err.rfind("mnist_mt: error: rank 1 failed at step 3: non-finite training loss", 0), 0u)
+        << stopped.err;
+    EXPECT_EQ(count_lines(stopped.err), 1) << stopped.err;
+
+    const fs::path metrics = scratch_dir() / (std::string("skipped-") + mode + ".json");
+    std::vector<std::string> skip = args;
+    skip.insert(skip.end(), {"--on-nan", "skip", "--metrics", metrics.string()});
+    const Outcome skipped = run_cli(skip, 60s);
+    EXPECT_EQ(skipped.exit_code, 0) << skipped.err;
+    EXPECT_NE(skipped.out.find(", 1 of 6 steps skipped (non-finite)"), std::string::npos) << skipped.out;
+    EXPECT_NE(slurp(metrics).find("\"skipped_steps\":1,"), std::string::npos) << slurp(metrics);
+    EXPECT_EQ(skipped.out.find("nan"), std::string::npos) << skipped.out;
   }
 }
 

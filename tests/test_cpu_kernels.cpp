@@ -459,6 +459,28 @@ TEST_P(KernelTest, SgdIsPyTorchsRule) {
   }
 }
 
+// The same bits on every ISA (the ranks of a run must agree on the norm), close to a
+// plain sum, and non-finite when one element is.
+TEST_P(KernelTest, SumOfSquaresIsTheSameOnEveryIsaAndSeesANaN) {
+  for (std::size_t count : {0u, 1u, 7u, 8u, 9u, 1003u, 100003u}) {
+    std::vector<float> x = uniform(count, -3, 3, 4);
+    double got = -1, portable = -1;
+    element_kernels(isa()).sum_of_squares(x.data(), count, &got);
+    element_kernels(Isa::kPortable).sum_of_squares(x.data(), count, &portable);
+    double plain = 0;
+    for (float v : x) plain += double{v} * v;
+    EXPECT_EQ(got, portable) << count;
+    EXPECT_NEAR(got, plain, 1e-12 * std::max(1.0, plain)) << count;
+    if (count == 0) continue;
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      std::vector<float> y = x;
+      y[count / 2] = bad;
+      element_kernels(isa()).sum_of_squares(y.data(), count, &got);
+      EXPECT_FALSE(std::isfinite(got)) << count;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isas, KernelTest, ::testing::Values(Isa::kPortable, Isa::kAvx2, Isa::kAvx512),
                          [](const ::testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); });
 

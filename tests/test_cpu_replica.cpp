@@ -107,6 +107,9 @@ TEST_F(ReplicaTest, MatchesPyTorchGolden) {
   replica->read_grads(grads);
   for (const ParamInfo& p : kParams)
     expect_close(fixture_view(grads, p), g.get<float>("grad." + std::string(p.name)), "grad." + std::string(p.name));
+  double squares = 0;
+  for (float v : grads) squares += double{v} * v;
+  EXPECT_NEAR(replica->grad_norm(), std::sqrt(squares), 1e-12 * std::sqrt(squares));
 
   const SgdOptions sgd{0.01f, 0.9f, 1e-4f};
   replica->sgd_step(sgd);

@@ -65,6 +65,7 @@ std::vector<float> initial_params(std::uint64_t seed) {
 struct Trace {
   std::vector<float> logprobs;
   std::vector<float> grads;
+  double grad_norm = 0;
   StepStats stats;
   std::vector<int> ready;  // layers, in the order backward() reported them
   std::vector<float> momentum_before;
@@ -98,6 +99,7 @@ Trace train_steps(Backend& backend, std::uint32_t max_batch, const Batch& batch,
       replica->read_logprobs(t.logprobs);
       t.grads.resize(kParamCount);
       replica->read_grads(t.grads);
+      t.grad_norm = replica->grad_norm();
       t.stats = replica->take_stats();
     }
     replica->sgd_step(kSgd);
@@ -244,6 +246,13 @@ void expect_cuda_matches_cpu(std::uint32_t max_batch, std::uint32_t size, std::u
   EXPECT_EQ(got.stats.samples, size);
   EXPECT_EQ(got.ready, (std::vector<int>{kFc2, kFc1, kConv2, kConv1}));
   expect_params_close(got.grads, want.grads, "gradient of");
+  // Each norm against its own gradients (exactly summed in double), then the two alike.
+  for (const Trace* t : {&got, &want}) {
+    double squares = 0;
+    for (float v : t->grads) squares += double{v} * v;
+    EXPECT_NEAR(t->grad_norm, std::sqrt(squares), 1e-12 * std::sqrt(squares));
+  }
+  EXPECT_NEAR(got.grad_norm, want.grad_norm, kTolerance * want.grad_norm);
   EXPECT_TRUE(std::all_of(got.momentum_before.begin(), got.momentum_before.end(), [](float m) { return m == 0; }));
   expect_params_close(got.params_after, want.params_after, "after 3 steps,");
   // The steps are small against the weights: compare what they changed too.

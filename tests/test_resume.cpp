@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -194,11 +195,60 @@ TEST_F(ResumeTest, ADivergedRunStopsAndKeepsTheLastGoodCheckpoint) {
   } catch (const RuntimeFailure& e) {
     const std::string what = e.what();
     EXPECT_TRUE(what.find("non-finite training loss") != std::string::npos ||
+                what.find("non-finite gradient norm") != std::string::npos ||
                 what.find("non-finite value") != std::string::npos)
         << what;
   }
   std::ifstream after_file(*c.save, std::ios::binary);
   EXPECT_EQ(std::string((std::istreambuf_iterator<char>(after_file)), {}), before);
+}
+
+// --on-nan skip at a random step of a random rank drops that step's update on every
+// rank alike: the run ends with the weights of one that never took the step, which is
+// the checkpoint after the step before, resumed one batch further on.
+TEST_F(ResumeTest, ASkippedNonFiniteStepIsDroppedOnEveryRankAlike) {
+  for (Mode mode : {Mode::kDdp, Mode::kDp}) {
+    TrainConfig c = two_epochs(mode);
+    c.on_nan = NanPolicy::kSkip;
+    c.nan = NanInjection{static_cast<int>(rng_() % 2), 1 + rng_() % 38};
+    SCOPED_TRACE(testing::Message() << "rank " << c.nan->rank << " step " << c.nan->step);
+    const TrainResult skipped = run(c);
+    ASSERT_EQ(skipped.epochs.size(), 2u);
+    EXPECT_EQ(skipped.epochs[0].skipped_steps + skipped.epochs[1].skipped_steps, 1u);
+    EXPECT_TRUE(std::isfinite(skipped.epochs[c.nan->step / 20].train_loss));
+
+    TrainConfig save = two_epochs(mode);
+    save.save = dir_ / "model.safetensors";
+    save.save_every = static_cast<std::uint32_t>(c.nan->step);
+    save.keep = 100;
+    const TrainResult straight = run(save);
+    EXPECT_NE(straight.params, skipped.params);
+    Checkpoint before = load_checkpoint(numbered_checkpoint(*save.save, c.nan->step));
+    before.step += 1;
+    if (++before.epoch_step == 20) before.epoch += 1, before.epoch_step = 0;
+    TrainConfig resume = two_epochs(mode);
+    resume.load = dir_ / "one-further.safetensors";
+    save_checkpoint(*resume.load, before);
+    EXPECT_EQ(run(resume).params, skipped.params);
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+}
+
+// --on-nan stop: the rank whose loss is NaN fails the run at that step.
+TEST_F(ResumeTest, ANonFiniteLossStopsTheRunNamingRankAndStep) {
+  for (Mode mode : {Mode::kDdp, Mode::kDp}) {
+    TrainConfig c = two_epochs(mode);
+    c.nan = NanInjection{static_cast<int>(rng_() % 2), rng_() % 40};
+    const std::string expected = "rank " + std::to_string(c.nan->rank) + " failed at step " +
+                                 std::to_string(c.nan->step) + ": non-finite training loss";
+    try {
+      run(c);
+      ADD_FAILURE() << "no failure: " << expected;
+    } catch (const RuntimeFailure& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(expected, 0), 0u) << e.what();
+    }
+  }
 }
 
 }  // namespace

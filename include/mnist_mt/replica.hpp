@@ -64,6 +64,9 @@ class Replica {
   virtual void write_params(std::span<const float> in) = 0;
   virtual void read_momentum(std::span<float> out) = 0;  // zeros before the first step
   virtual void write_momentum(std::span<const float> in) = 0;
+  // The 2-norm of grads(), synchronous: non-finite when any gradient is. Once the
+  // gradients are reduced every rank holds the same bits, and so gets the same norm.
+  virtual double grad_norm() = 0;
   // Waits for the device, returns the stats since the last call and resets them.
   virtual StepStats take_stats() = 0;
   // Log-probabilities of the last forward pass, batch x 10, synchronous (eval

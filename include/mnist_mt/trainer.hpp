@@ -24,6 +24,11 @@ struct FaultInjection {  // tests: rank `rank` throws at global step `step`
   std::uint64_t step = 0;
 };
 
+struct NanInjection {  // tests: rank `rank`'s loss and gradients are NaN at global step `step`
+  int rank = 0;
+  std::uint64_t step = 0;
+};
+
 enum class StallPhase { kData, kCompute, kCollective };
 
 struct StallInjection {  // tests: rank `rank` stops making progress in `phase` of step `step`
@@ -31,6 +36,11 @@ struct StallInjection {  // tests: rank `rank` stops making progress in `phase` 
   std::uint64_t step = 0;
   StallPhase phase = StallPhase::kCompute;
 };
+
+// What a step whose loss or gradient norm is not finite does: stop fails the run naming
+// the step and the rank; skip drops that step's update on every rank alike (the decision
+// is taken from the reduced gradients, which every rank holds to the same bits).
+enum class NanPolicy { kStop, kSkip };
 
 // Asks a running train() to stop (from a signal watcher): stop() lets every rank finish
 // the step in flight, then train() saves a checkpoint and returns; abort() releases every
@@ -64,11 +74,13 @@ struct TrainConfig {
   std::uint32_t keep = 1;          // checkpoints kept: >1 names each by its step, `save` links the latest
   // Where a stop request saves when `save` is not given.
   std::filesystem::path interrupt_save = "mnist_mt-interrupted.safetensors";
+  NanPolicy on_nan = NanPolicy::kStop;
   double timeout_s = 600;          // a rank without progress for this long fails the run; 0: never
   StopRequest* stop = nullptr;
   std::optional<std::filesystem::path> metrics;
   std::optional<FaultInjection> fault;
   std::optional<StallInjection> stall;
+  std::optional<NanInjection> nan;
   std::uint32_t max_steps = 0;     // per epoch, 0 = all (tests and benchmarks)
   bool evaluate = true;
   std::ostream* progress = nullptr;  // rank 0's progress lines and epoch summaries
@@ -86,6 +98,7 @@ struct EpochMetrics {
   double images_per_s = 0;    // training images per second, all ranks together
   double seconds = 0;
   std::uint64_t steps = 0;
+  std::uint64_t skipped_steps = 0;  // of `steps`, dropped for a non-finite loss or gradient norm
   PhaseSeconds phase_seconds;  // rank 0's
   std::uint64_t peak_rss_bytes = 0;  // the process's peak resident memory so far
 };

@@ -27,11 +27,13 @@ struct TrainFlags {
   std::int64_t save_every = 0;
   std::int64_t keep = 1;
   double timeout = 600;
+  std::string on_nan = "stop";
   std::optional<std::string> load;
   std::optional<std::string> metrics;
   std::int64_t max_steps = 0;
   std::optional<std::string> inject_fault;
   std::optional<std::string> inject_stall;
+  std::optional<std::string> inject_nan;
 };
 void add_train_flags(CLI::App& app, TrainFlags& f);
 // `stop` carries the SIGINT/SIGTERM requests; the exit code is 128 + the signal when

@@ -1,6 +1,7 @@
 #include <cmath>
 #include <iostream>
 #include <string_view>
+#include <utility>
 
 #include "commands.hpp"
 #include "mnist_mt/error.hpp"
@@ -10,12 +11,13 @@
 namespace mnist_mt::cli {
 namespace {
 
-FaultInjection parse_fault(const std::string& spec) {
+// RANK:STEP of --inject-fault and --inject-nan.
+std::pair<int, std::uint64_t> parse_rank_step(const std::string& spec, const std::string& flag) {
   const std::size_t colon = spec.find(':');
   const auto rank = whole_number<int>(std::string_view(spec).substr(0, colon));
   const auto step =
       colon == std::string::npos ? std::nullopt : whole_number<std::uint64_t>(std::string_view(spec).substr(colon + 1));
-  if (!rank || !step) throw InputError("--inject-fault: expected RANK:STEP, got '" + spec + "'");
+  if (!rank || !step) throw InputError(flag + ": expected RANK:STEP, got '" + spec + "'");
   return {*rank, *step};
 }
 
@@ -77,6 +79,10 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       ->capture_default_str();
   app.add_option("--timeout", f.timeout, "Fail the run when a rank makes no progress for this many seconds (0: off)")
       ->capture_default_str();
+  app.add_option("--on-nan", f.on_nan,
+                 "A step with a non-finite loss or gradient norm: stop (exit 3), or skip its update on every rank")
+      ->check(CLI::IsMember({"stop", "skip"}))
+      ->capture_default_str();
   app.add_option("--load", f.load, "Start from this checkpoint (weights, momentum, epoch, step, seed)");
   app.add_option("--metrics", f.metrics, "Write one JSON line per epoch to this file");
   app.add_option("--max-steps", f.max_steps, "Stop each epoch after this many steps (0: the whole epoch)")
@@ -85,6 +91,8 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--inject-fault", f.inject_fault)->group("");
   // Tests only: rank RANK stops making progress in PHASE (data, compute, collective) of step STEP.
   app.add_option("--inject-stall", f.inject_stall)->group("");
+  // Tests only: rank RANK's loss and gradients are NaN at global step STEP.
+  app.add_option("--inject-nan", f.inject_nan)->group("");
 }
 
 int run_train(const TrainFlags& f, StopRequest& stop) {
@@ -105,7 +113,15 @@ int run_train(const TrainFlags& f, StopRequest& stop) {
   if (f.save) config.save = *f.save;
   if (f.load) config.load = *f.load;
   if (f.metrics) config.metrics = *f.metrics;
-  if (f.inject_fault) config.fault = parse_fault(*f.inject_fault);
+  config.on_nan = f.on_nan == "skip" ? NanPolicy::kSkip : NanPolicy::kStop;
+  if (f.inject_fault) {
+    const auto [rank, step] = parse_rank_step(*f.inject_fault, "--inject-fault");
+    config.fault = FaultInjection{rank, step};
+  }
+  if (f.inject_nan) {
+    const auto [rank, step] = parse_rank_step(*f.inject_nan, "--inject-nan");
+    config.nan = NanInjection{rank, step};
+  }
   if (f.inject_stall) config.stall = parse_stall(*f.inject_stall);
   config.save_every = count_flag(f.save_every, 0, "--save-every");
   config.keep = count_flag(f.keep, 1, "--keep");

@@ -38,13 +38,18 @@ void log_softmax_nll(const float* logits, const std::uint8_t* labels, std::uint3
 void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdOptions& options,
                 bool first_step);
 
-// The variants of dropout_forward, relu_dropout_backward and sgd_update for one ISA; the
-// functions above run those of kernel_isa().
+// The sum of x[i]^2 in double, added in the same order on every ISA (the gradients'
+// norm, which every rank must compute to the same bits).
+double sum_of_squares(const float* x, std::size_t count);
+
+// The variants of dropout_forward, relu_dropout_backward, sgd_update and sum_of_squares
+// for one ISA; the functions above run those of kernel_isa().
 struct ElementKernels {
   void (*dropout_forward)(const DropoutKey&, const std::uint32_t*, std::uint32_t, RandomStream, std::uint32_t, float,
                           float*);
   void (*relu_dropout_backward)(const float*, float, std::size_t, float*);
   void (*sgd_update)(float*, const float*, float*, std::size_t, const SgdOptions&, bool);
+  void (*sum_of_squares)(const float*, std::size_t, double*);
 };
 ElementKernels element_kernels(Isa isa);
 

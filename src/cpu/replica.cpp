@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <dnnl.hpp>
 #include <functional>
@@ -164,6 +165,12 @@ class CpuReplicaImpl final : public CpuReplica {
     });
   }
   void read_grads(std::span<float> out) override { copy_out(grads_.get(), out); }
+
+  double grad_norm() override {
+    double sum = 0;
+    run_sync([&] { sum = sum_of_squares(grads_.get(), kParamCount); });
+    return std::sqrt(sum);
+  }
 
   void read_logprobs(std::span<float> out) override {
     const std::size_t count = std::size_t{current_plan()->batch} * kClasses;

@@ -65,4 +65,10 @@ struct SgdArgs {
 void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdArgs& args,
                 StreamHandle stream);
 
+// The sum of x[i]^2 in double, reproducible bit for bit. `scratch` holds kSquareScratch
+// doubles; the sum is left in scratch[kSquareBlocks].
+inline constexpr unsigned kSquareBlocks = 128;
+inline constexpr std::size_t kSquareScratch = kSquareBlocks + 1;
+void sum_of_squares(const float* x, std::size_t count, double* scratch, StreamHandle stream);
+
 }  // namespace mnist_mt::cuda

@@ -1,6 +1,7 @@
 #include "replica.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,7 @@ class CudaReplica final : public Replica {
         da1_(std::size_t{max_batch} * kA1),
         stats_(3),
         stats_host_(3),
+        squares_(kSquareScratch),
         input_(device, max_batch) {
     warm_up();
     zero_state();
@@ -192,6 +194,15 @@ class CudaReplica final : public Replica {
   }
   void read_grads(std::span<float> out) override { download(out, grads_, "read_grads"); }
 
+  double grad_norm() override {
+    device_.activate();
+    sum_of_squares(grads_.data(), kParamCount, squares_.data(), stream());
+    double sum = 0;
+    copy_sync(&sum, squares_.data() + kSquareBlocks, sizeof sum, cudaMemcpyDeviceToHost);
+    device_.throw_if_aborted();
+    return std::sqrt(sum);
+  }
+
   void read_logprobs(std::span<float> out) override {
     const std::size_t count = std::size_t{batch_.size} * kClasses;
     if (out.size() != count)
@@ -290,6 +301,7 @@ class CudaReplica final : public Replica {
   DeviceBuffer<float> dh_, dpooled_, da2_, da1_;
   DeviceBuffer<double> stats_;  // loss sum, correct, samples
   PinnedBuffer<double> stats_host_;
+  DeviceBuffer<double> squares_;  // sum_of_squares' partial sums and total
   InputStage input_;
   DeviceBatch batch_;
   std::vector<std::uint32_t> prepared_;  // batch sizes whose algorithms are chosen and loaded

@@ -2,7 +2,7 @@
 // stream as soon as backward has written the bucket, while backward goes on; the
 // optimizer waits for all of them.
 #include <array>
-#include <cmath>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -72,9 +72,10 @@ class DdpWorker {
       const bool done = run_.train_steps(m, first, run_.steps_in_epoch(lease.loader().steps()), rank0, step_, train,
                                          [&](PhaseSeconds& phase) {
                                            run_.inject_fault(rank_, step_);
-                                           const StepStats stats = step(lease.loader(), key, phase);
+                                           const std::optional<StepStats> stats = step(lease.loader(), key, phase);
                                            ++step_;
-                                           return stats;
+                                           if (!stats) ++m.skipped_steps;
+                                           return stats.value_or(StepStats{});
                                          });
       if (!done) {
         if (rank_ == 0) run_.end_interrupted(*replica_, epoch, first + static_cast<std::uint32_t>(m.steps), step_);
@@ -101,7 +102,8 @@ class DdpWorker {
 
   // The host waits for the compute stream after forward and after backward to time
   // them; the comm stream runs on meanwhile, so what is left of it is the exposed wait.
-  StepStats step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {
+  // Empty when the step's update was dropped (NanPolicy::kSkip).
+  std::optional<StepStats> step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {
     Stopwatch clock;
     run_.beat(rank_, step_, Phase::kData);
     run_.inject_stall(rank_, step_, StallPhase::kData);
@@ -111,13 +113,14 @@ class DdpWorker {
 
     run_.beat(rank_, step_, Phase::kForward);
     run_.inject_stall(rank_, step_, StallPhase::kCompute);
+    const std::vector<float> clean = run_.inject_nan(rank_, step_, *replica_);
     replica_->set_input(*batch);
     replica_->forward(true, key, batch->size);
     device_.wait_compute();
     const StepStats stats = replica_->take_stats();
-    // Every rank's gradients reach every replica: a non-finite loss anywhere is a
+    // Every rank's gradients reach every replica: a non-finite loss anywhere would be a
     // non-finite model everywhere.
-    if (!std::isfinite(stats.loss_sum)) throw RuntimeFailure("non-finite training loss " + std::to_string(stats.loss_sum));
+    run_.check_loss(stats.loss_sum);
     phase.forward += clock.lap();
 
     run_.beat(rank_, step_, Phase::kCollective);  // a rank that never joins the step's allreduces
@@ -143,9 +146,12 @@ class DdpWorker {
 
     run_.beat(rank_, step_, Phase::kOptimizer);
     device_.compute_wait_comm();
-    replica_->sgd_step(run_.config.sgd);
+    const bool apply = run_.apply_update(rank_, stats.loss_sum, replica_->grad_norm());
+    if (apply) replica_->sgd_step(run_.config.sgd);
+    if (!clean.empty()) run_.undo_nan(apply, clean, *replica_);
     device_.wait_compute();
     phase.optimizer += clock.lap();
+    if (!apply) return std::nullopt;
     return stats;
   }
 

@@ -2,7 +2,7 @@
 // device. Each step: broadcast the parameters from device 0, scatter the global batch,
 // forward everywhere with the loss over the global batch, backward everywhere, reduce
 // the gradients to device 0 and update there. Nothing overlaps; it is the yardstick.
-#include <cmath>
+#include <optional>
 #include <functional>
 #include <string>
 
@@ -92,9 +92,10 @@ class DpLoop {
           if (loader.next(d) == nullptr) throw RuntimeFailure("the loader ended early");
       const bool done = run_.train_steps(m, first, run_.steps_in_epoch(loader.steps()), replicas_[0].get(), step_,
                                          train, [&](PhaseSeconds& phase) {
-                                           const StepStats stats = step(loader, key, phase);
+                                           const std::optional<StepStats> stats = step(loader, key, phase);
                                            ++step_;
-                                           return stats;
+                                           if (!stats) ++m.skipped_steps;
+                                           return stats.value_or(StepStats{});
                                          });
       if (!done) {
         on(0);
@@ -108,7 +109,8 @@ class DpLoop {
     return true;
   }
 
-  StepStats step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {
+  // Empty when the step's update was dropped (NanPolicy::kSkip).
+  std::optional<StepStats> step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {
     const int world = run_.world();
     Stopwatch clock;
     std::vector<const Batch*> batches(world);
@@ -128,16 +130,19 @@ class DpLoop {
 
     run_.beat(0, step_, Phase::kForward);
     StepStats stats;
+    std::vector<std::vector<float>> clean(world);
     for (int d = 0; d < world; ++d) {
       on(d);
+      clean[d] = run_.inject_nan(d, step_, *replicas_[d]);
       replicas_[d]->set_input(*batches[d]);
       replicas_[d]->forward(true, key, global);
     }
     for (int d = 0; d < world; ++d) {
       on(d);
-      stats += replicas_[d]->take_stats();
+      const StepStats device_stats = replicas_[d]->take_stats();
+      run_.check_loss(device_stats.loss_sum);  // naming the device
+      stats += device_stats;
     }
-    if (!std::isfinite(stats.loss_sum)) throw RuntimeFailure("non-finite training loss " + std::to_string(stats.loss_sum));
     phase.forward += clock.lap();
     run_.beat(0, step_, Phase::kBackward);
 
@@ -154,9 +159,14 @@ class DpLoop {
     phase.comm_wait += clock.lap();
 
     on(0).compute_wait_comm();
-    replicas_[0]->sgd_step(run_.config.sgd);
+    const bool apply = run_.apply_update(0, stats.loss_sum, replicas_[0]->grad_norm());
+    if (apply) replicas_[0]->sgd_step(run_.config.sgd);
+    for (int d = 0; d < world; ++d) {
+      if (!clean[d].empty()) run_.undo_nan(apply, clean[d], *replicas_[d]);
+    }
     on(0).wait_compute();
     phase.optimizer += clock.lap();
+    if (!apply) return std::nullopt;
     return stats;
   }
 

@@ -22,6 +22,7 @@ void MetricsFile::write(const EpochMetrics& m) {
       {"images_per_s", m.images_per_s},
       {"seconds", m.seconds},
       {"steps", m.steps},
+      {"skipped_steps", m.skipped_steps},
       {"peak_rss_bytes", m.peak_rss_bytes},
       {"phase_seconds",
        {{"data_wait", m.phase_seconds.data_wait},

@@ -76,8 +76,12 @@ void Progress::end_epoch(const EpochMetrics& m) {
     *out_ << format(", test loss %.4f, test accuracy %.2f%%", m.test_loss, 100.0 * m.test_accuracy);
   }
   *out_ << format(", %.1f s, %.0f img/s, peak RSS %.0f MiB", m.seconds, m.images_per_s,
-                  static_cast<double>(m.peak_rss_bytes) / (1 << 20))
-        << std::endl;
+                  static_cast<double>(m.peak_rss_bytes) / (1 << 20));
+  if (m.skipped_steps > 0) {
+    *out_ << format(", %llu of %llu steps skipped (non-finite)", static_cast<unsigned long long>(m.skipped_steps),
+                    static_cast<unsigned long long>(m.steps));
+  }
+  *out_ << std::endl;
 }
 
 }  // namespace mnist_mt

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <set>
 #include <string>
 #include <thread>
@@ -32,6 +33,9 @@ void check(const TrainConfig& config, const Dataset& data) {
   }
   if (config.stall && (config.stall->rank < 0 || config.stall->rank >= static_cast<int>(config.devices.size()))) {
     throw InputError("--inject-stall: no rank " + std::to_string(config.stall->rank));
+  }
+  if (config.nan && (config.nan->rank < 0 || config.nan->rank >= static_cast<int>(config.devices.size()))) {
+    throw InputError("--inject-nan: no rank " + std::to_string(config.nan->rank));
   }
   if (!(config.timeout_s >= 0) || !std::isfinite(config.timeout_s)) {
     throw InputError("--timeout: must be a finite number of seconds >= 0");
@@ -184,6 +188,47 @@ void Run::inject_fault(int rank, std::uint64_t step) const {
   if (config.fault && config.fault->rank == rank && config.fault->step == step) {
     throw RuntimeFailure("injected fault");
   }
+}
+
+std::vector<float> Run::inject_nan(int rank, std::uint64_t step, Replica& replica) const {
+  if (!config.nan || config.nan->rank != rank || config.nan->step != step) return {};
+  std::vector<float> clean(kParamCount);
+  replica.read_params(clean);
+  std::vector<float> poisoned = clean;
+  // fc2's last bias: a NaN logit in every row, so a NaN loss and NaN gradients (earlier, a
+  // ReLU's max(x, 0) may turn a NaN into 0).
+  poisoned.back() = std::numeric_limits<float>::quiet_NaN();
+  replica.write_params(poisoned);
+  return clean;
+}
+
+void Run::undo_nan(bool applied, std::span<const float> clean, Replica& replica) {
+  if (applied) throw RuntimeFailure("the injected NaN did not reach the gradients");
+  replica.write_params(clean);
+}
+
+void Run::check_loss(double loss_sum) const {
+  if (config.on_nan == NanPolicy::kStop && !std::isfinite(loss_sum)) {
+    throw RuntimeFailure("non-finite training loss " + std::to_string(loss_sum));
+  }
+}
+
+// A non-finite norm is the same on every rank: with skip each drops the update; with stop
+// rank 0 fails the run and the others, their update dropped too, wait to be released. A
+// non-finite loss whose gradients stayed finite cannot be seen by the other ranks, so it
+// fails the run whatever the policy.
+bool Run::apply_update(int rank, double loss_sum, double grad_norm) const {
+  if (std::isfinite(grad_norm)) {
+    if (!std::isfinite(loss_sum)) {
+      throw RuntimeFailure("non-finite training loss " + std::to_string(loss_sum) +
+                           " with finite gradients: the step cannot be skipped on every rank alike");
+    }
+    return true;
+  }
+  if (config.on_nan == NanPolicy::kStop && rank == 0) {
+    throw RuntimeFailure("non-finite gradient norm " + std::to_string(grad_norm) + " (the ranks' gradients reduced)");
+  }
+  return false;
 }
 
 bool Run::train_steps(EpochMetrics& m, std::uint32_t first, std::uint32_t steps, Replica* rank0,

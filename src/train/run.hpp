@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "metrics.hpp"
@@ -45,6 +46,18 @@ class Run {
   // Test hook: never returns (or, for the data and collective phases, returns once the
   // run has failed) when `rank` reaches `phase` of the injected stall's step.
   void inject_stall(int rank, std::uint64_t step, StallPhase phase) const;
+  // Test hook: when `rank` starts the injected NaN's step, one of its replica's
+  // parameters turns NaN (and so its loss and gradients); returns the parameters as they
+  // were, for the step's end to write back. Empty when nothing is injected.
+  std::vector<float> inject_nan(int rank, std::uint64_t step, Replica& replica) const;
+  // At the poisoned step's end: writes `clean` back; the update must have been dropped.
+  static void undo_nan(bool applied, std::span<const float> clean, Replica& replica);
+  // After forward: a non-finite loss fails the run under --on-nan stop; under skip the
+  // step goes on, its reduced gradients decide.
+  void check_loss(double loss_sum) const;
+  // After the gradients are reduced, which leaves every rank with the same bits and so
+  // the same norm: whether to apply the step's update. See NanPolicy.
+  bool apply_update(int rank, double loss_sum, double grad_norm) const;
   // Rank `rank` enters `phase` of global step `step` (the watchdog's progress).
   void beat(int rank, std::uint64_t step, Phase phase) { watchdog_->beat(rank, step, phase); }
 
