@@ -8,9 +8,9 @@
 #include <iostream>
 #include <string>
 
-#include "device.hpp"
-#include "isa.hpp"
-#include "replica.hpp"
+#include "cpu/device.hpp"
+#include "cpu/isa.hpp"
+#include "cpu/replica.hpp"
 
 namespace mnist_mt::cpu {
 namespace {

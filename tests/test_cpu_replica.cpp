@@ -13,13 +13,13 @@
 #include <thread>
 #include <tuple>
 
-#include "device.hpp"
+#include "cpu/device.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/replica.hpp"
 #include "golden/fixture.hpp"
-#include "kernels.hpp"
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
-#include "replica.hpp"
 
 namespace mnist_mt::cpu {
 namespace {

@@ -17,7 +17,7 @@
 
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"
-#include "saver.hpp"
+#include "train/saver.hpp"
 #include "train_fixture.hpp"
 
 namespace mnist_mt {

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "buckets.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/trainer.hpp"
+#include "train/buckets.hpp"
 #include "train_fixture.hpp"
 
 namespace mnist_mt {
