@@ -18,6 +18,7 @@
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"
 #include "train/saver.hpp"
+#include "train/trainer_testing.hpp"
 #include "train_fixture.hpp"
 
 namespace mnist_mt {
@@ -163,10 +164,11 @@ TEST_F(ResumeTest, AStalledRankFailsTheRunWithinTheTimeout) {
   for (StallPhase phase : {StallPhase::kData, StallPhase::kCollective}) {
     TrainConfig c = config_for(3, 8);
     c.timeout_s = 1;
-    c.stall = StallInjection{static_cast<int>(rng_() % 3), rng_() % 20, phase};
+    const StallInjection stall{static_cast<int>(rng_() % 3), rng_() % 20, phase};
+    TrainerTesting::inject(c, stall);
     const std::string name = phase == StallPhase::kData ? "data" : "collective";
-    const std::string expected = "rank " + std::to_string(c.stall->rank) + " failed at step " +
-                                 std::to_string(c.stall->step) + ": stalled in phase " + name;
+    const std::string expected = "rank " + std::to_string(stall.rank) + " failed at step " +
+                                 std::to_string(stall.step) + ": stalled in phase " + name;
     SCOPED_TRACE(expected);
     const auto begin = std::chrono::steady_clock::now();
     try {

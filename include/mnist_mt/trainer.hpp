@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -19,18 +20,7 @@ namespace mnist_mt {
 
 enum class Mode { kDdp, kDp };
 
-struct FaultInjection {  // tests: rank `rank` throws at global step `step`
-  int rank = 0;
-  std::uint64_t step = 0;
-};
-
-enum class StallPhase { kData, kCompute, kCollective };
-
-struct StallInjection {  // tests: rank `rank` stops making progress in `phase` of step `step`
-  int rank = 0;
-  std::uint64_t step = 0;
-  StallPhase phase = StallPhase::kCompute;
-};
+struct TrainHooks;  // src/train/trainer_testing.hpp
 
 // Asks a running train() to stop (from a signal watcher): stop() lets every rank finish
 // the step in flight, then train() saves a checkpoint and returns; abort() releases every
@@ -67,11 +57,13 @@ struct TrainConfig {
   double timeout_s = 600;          // a rank without progress for this long fails the run; 0: never
   StopRequest* stop = nullptr;
   std::optional<std::filesystem::path> metrics;
-  std::optional<FaultInjection> fault;
-  std::optional<StallInjection> stall;
   std::uint32_t max_steps = 0;     // per epoch, 0 = all (tests and benchmarks)
   bool evaluate = true;
   std::ostream* progress = nullptr;  // rank 0's progress lines and epoch summaries
+
+ private:
+  friend struct TrainerTesting;  // src/train/trainer_testing.hpp: injected faults and stalls
+  std::shared_ptr<const TrainHooks> hooks_;
 };
 
 struct PhaseSeconds {

@@ -6,6 +6,7 @@
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "train/signal_watch.hpp"
+#include "train/trainer_testing.hpp"
 
 namespace mnist_mt::cli {
 namespace {
@@ -105,8 +106,8 @@ int run_train(const TrainFlags& f, StopRequest& stop) {
   if (f.save) config.save = *f.save;
   if (f.load) config.load = *f.load;
   if (f.metrics) config.metrics = *f.metrics;
-  if (f.inject_fault) config.fault = parse_fault(*f.inject_fault);
-  if (f.inject_stall) config.stall = parse_stall(*f.inject_stall);
+  if (f.inject_fault) TrainerTesting::inject(config, parse_fault(*f.inject_fault));
+  if (f.inject_stall) TrainerTesting::inject(config, parse_stall(*f.inject_stall));
   config.save_every = count_flag(f.save_every, 0, "--save-every");
   config.keep = count_flag(f.keep, 1, "--keep");
   if (f.keep > 1 && !f.save) throw InputError("--keep: needs --save");

@@ -27,11 +27,12 @@ void check(const TrainConfig& config, const Dataset& data) {
     throw InputError("--batch-size: the global batch, " + std::to_string(global) + " images, exceeds the " +
                      std::to_string(data.train.size()) + " training images");
   }
-  if (config.fault && (config.fault->rank < 0 || config.fault->rank >= static_cast<int>(config.devices.size()))) {
-    throw InputError("--inject-fault: no rank " + std::to_string(config.fault->rank));
+  const TrainHooks& hooks = TrainerTesting::hooks(config);
+  if (hooks.fault && (hooks.fault->rank < 0 || hooks.fault->rank >= static_cast<int>(config.devices.size()))) {
+    throw InputError("--inject-fault: no rank " + std::to_string(hooks.fault->rank));
   }
-  if (config.stall && (config.stall->rank < 0 || config.stall->rank >= static_cast<int>(config.devices.size()))) {
-    throw InputError("--inject-stall: no rank " + std::to_string(config.stall->rank));
+  if (hooks.stall && (hooks.stall->rank < 0 || hooks.stall->rank >= static_cast<int>(config.devices.size()))) {
+    throw InputError("--inject-stall: no rank " + std::to_string(hooks.stall->rank));
   }
   if (!(config.timeout_s >= 0) || !std::isfinite(config.timeout_s)) {
     throw InputError("--timeout: must be a finite number of seconds >= 0");
@@ -144,7 +145,8 @@ void Run::exit_hung() const {
 bool Run::failed() const { return failed_.load(); }
 
 void Run::inject_stall(int rank, std::uint64_t step, StallPhase phase) const {
-  if (!config.stall || config.stall->rank != rank || config.stall->step != step || config.stall->phase != phase) return;
+  const std::optional<StallInjection>& stall = TrainerTesting::hooks(config).stall;
+  if (!stall || stall->rank != rank || stall->step != step || stall->phase != phase) return;
   // Stuck compute never returns; a missing peer or a stopped loader is released by the abort.
   while (phase == StallPhase::kCompute || !failed()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
@@ -181,7 +183,8 @@ void Run::await_peers() {
 }
 
 void Run::inject_fault(int rank, std::uint64_t step) const {
-  if (config.fault && config.fault->rank == rank && config.fault->step == step) {
+  const std::optional<FaultInjection>& fault = TrainerTesting::hooks(config).fault;
+  if (fault && fault->rank == rank && fault->step == step) {
     throw RuntimeFailure("injected fault");
   }
 }
