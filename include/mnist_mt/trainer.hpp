@@ -96,6 +96,12 @@ struct TrainResult {
   std::optional<Interruption> interrupted;
 };
 
+// Throws InputError for a value train() refuses before it needs the data (a size, a
+// rate, an output path that cannot be written), naming the value; InputError::input()
+// is its member's name ("batch", "sgd.lr", "bucket_mb", "save", ...). train() checks
+// the same, and the batch against the data.
+void check_train_config(const TrainConfig& config);
+
 // A worker failure surfaces as RuntimeFailure("rank R failed at step S: why"); a stall
 // longer than timeout_s as RuntimeFailure("rank R stalled at step S in PHASE ..."); an
 // abort request as Interrupted.

@@ -20,26 +20,14 @@ namespace mnist_mt {
 namespace {
 
 void check(const TrainConfig& config, const Dataset& data) {
-  if (config.devices.empty()) throw InputError("no device to train on");
-  if (config.batch == 0) throw InputError("--batch-size: must be at least 1");
+  check_train_config(config);
   const std::uint64_t global = std::uint64_t{config.batch} * config.devices.size();
   if (global > data.train.size()) {
-    throw InputError("--batch-size: the global batch, " + std::to_string(global) + " images, exceeds the " +
-                     std::to_string(data.train.size()) + " training images");
+    throw InputError("the global batch, " + std::to_string(global) + " images (batch size " +
+                         std::to_string(config.batch) + " on " + std::to_string(config.devices.size()) +
+                         " ranks), exceeds the " + std::to_string(data.train.size()) + " training images",
+                     "batch");
   }
-  const TrainHooks& hooks = TrainerTesting::hooks(config);
-  if (hooks.fault && (hooks.fault->rank < 0 || hooks.fault->rank >= static_cast<int>(config.devices.size()))) {
-    throw InputError("--inject-fault: no rank " + std::to_string(hooks.fault->rank));
-  }
-  if (hooks.stall && (hooks.stall->rank < 0 || hooks.stall->rank >= static_cast<int>(config.devices.size()))) {
-    throw InputError("--inject-stall: no rank " + std::to_string(hooks.stall->rank));
-  }
-  if (!(config.timeout_s >= 0) || !std::isfinite(config.timeout_s)) {
-    throw InputError("--timeout: must be a finite number of seconds >= 0");
-  }
-  // An unwritable output is found now, not after the first epoch.
-  if (config.save) check_output_path(*config.save, "--save");
-  if (config.metrics) check_output_path(*config.metrics, "--metrics");
 }
 
 // The checkpoint's parameters, momentum and loop state (its seed too, so that a resumed
@@ -50,7 +38,7 @@ Checkpoint starting_point(const TrainConfig& config, const Dataset& data) {
     try {
       return load_checkpoint(*config.load);
     } catch (const InputError& e) {
-      throw InputError(std::string("--load: ") + e.what());
+      throw InputError(e.what(), "load");
     }
   }
   Checkpoint start;
