@@ -24,14 +24,14 @@
 #include <thread>
 #include <vector>
 
-#include "device.hpp"
-#include "isa.hpp"
+#include "cpu/device.hpp"
+#include "cpu/isa.hpp"
+#include "cpu/replica.hpp"
+#include "cpu/step.hpp"
 #include "mnist_mt/backend.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/trainer.hpp"
-#include "replica.hpp"
-#include "step.hpp"
 
 namespace mnist_mt {
 namespace {

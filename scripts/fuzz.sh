@@ -9,7 +9,7 @@ seconds=${FUZZ_SECONDS:-60}
 out=build-fuzz
 mkdir -p "$out/artifacts"
 cxx=(clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-     -Iinclude -Ifuzz)
+     -Iinclude -Isrc -Ifuzz)
 
 build() {  # build NAME SOURCES... [FLAGS...]
   local name=$1
@@ -18,7 +18,7 @@ build() {  # build NAME SOURCES... [FLAGS...]
 }
 build idx_raw fuzz/fuzz_idx.cpp src/data/idx.cpp
 build idx_gzip fuzz/fuzz_idx.cpp src/data/idx.cpp -DFUZZ_GZIP
-build checkpoint fuzz/fuzz_checkpoint.cpp src/model/checkpoint.cpp src/data/file_io.cpp -Isrc/data
+build checkpoint fuzz/fuzz_checkpoint.cpp src/model/checkpoint.cpp src/data/file_io.cpp
 
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(idx_raw idx_gzip checkpoint)

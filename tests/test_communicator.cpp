@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "communicator.hpp"
-#include "device.hpp"
+#include "cpu/communicator.hpp"
+#include "cpu/device.hpp"
 #include "mnist_mt/error.hpp"
 
 namespace mnist_mt::cpu {

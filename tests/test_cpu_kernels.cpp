@@ -15,13 +15,13 @@
 
 #include <dnnl.hpp>
 
-#include "conv1.hpp"
-#include "conv2_winograd.hpp"
-#include "kernels.hpp"
-#include "isa.hpp"
+#include "cpu/conv1.hpp"
+#include "cpu/conv2_winograd.hpp"
+#include "cpu/isa.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/pool.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/model.hpp"
-#include "pool.hpp"
 
 namespace mnist_mt::cpu {
 

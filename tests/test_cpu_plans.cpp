@@ -4,13 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <dnnl.hpp>
 #include <cstdlib>
 #include <iostream>
 #include <string>
 
-#include "device.hpp"
-#include "isa.hpp"
-#include "replica.hpp"
+#include "cpu/device.hpp"
+#include "cpu/isa.hpp"
+#include "cpu/replica.hpp"
+#include "cpu/step.hpp"
+#include "mnist_mt/error.hpp"
 
 namespace mnist_mt::cpu {
 namespace {
@@ -56,6 +59,25 @@ TEST(CpuPlans, KernelIsaFollowsOneDnnLimit) {
   if (name != "AVX2") GTEST_SKIP() << "ONEDNN_MAX_CPU_ISA is not AVX2";
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) GTEST_SKIP() << "this CPU lacks AVX2";
   EXPECT_STREQ(isa_name(kernel_isa()), "avx2");
+}
+
+// oneDNN's own message says what failed, not which of the step's operations: the error
+// a plan throws names it.
+TEST(CpuPlans, AOneDnnFailureWhilePlanningNamesTheOperation) {
+  using dnnl::memory;
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  const memory::desc src({4, 9216}, memory::data_type::f32, memory::format_tag::nc);
+  const memory::desc weights({128, 100}, memory::data_type::f32, memory::format_tag::oi);  // 100 != 9216
+  const memory::desc dst({4, 128}, memory::data_type::f32, memory::format_tag::nc);
+  try {
+    planned(kFc1Forward, [&] {
+      return dnnl::inner_product_forward::primitive_desc(
+          dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, src, weights, dst), engine);
+    });
+    ADD_FAILURE() << "oneDNN accepted mismatched shapes";
+  } catch (const RuntimeFailure& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(std::string("oneDNN: ") + kOpNames[kFc1Forward] + ": ", 0), 0u) << e.what();
+  }
 }
 
 }  // namespace

@@ -13,13 +13,14 @@
 #include <thread>
 #include <tuple>
 
-#include "device.hpp"
+#include "cpu/device.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/replica.hpp"
 #include "golden/fixture.hpp"
-#include "kernels.hpp"
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
-#include "replica.hpp"
+#include "model/replica_testing.hpp"
 
 namespace mnist_mt::cpu {
 namespace {
@@ -104,7 +105,7 @@ TEST_F(ReplicaTest, MatchesPyTorchGolden) {
 
   replica->backward([](int) {});
   std::vector<float> grads(kParamCount);
-  replica->read_grads(grads);
+  ReplicaTesting::read_grads(*replica, grads);
   for (const ParamInfo& p : kParams)
     expect_close(fixture_view(grads, p), g.get<float>("grad." + std::string(p.name)), "grad." + std::string(p.name));
   double squares = 0;
@@ -282,7 +283,7 @@ TEST_F(ReplicaTest, GradientsMatchFiniteDifferences) {
   replica->forward(true, key, 2);
   replica->backward([](int) {});
   std::vector<float> grads(kParamCount);
-  replica->read_grads(grads);
+  ReplicaTesting::read_grads(*replica, grads);
 
   auto p = to_double(params);
   const auto samples = ref_samples(batch);
@@ -360,7 +361,7 @@ TEST_F(ReplicaTest, GradsReadyInOrderAndVisibleToTheCommStream) {
   replica->set_input(random_batch(4, 1));
   replica->forward(true, key, 4);
   replica->backward([](int) {});
-  replica->read_grads(before);
+  ReplicaTesting::read_grads(*replica, before);
 
   replica->set_input(random_batch(4, 2));
   replica->forward(true, key, 4);
@@ -375,7 +376,7 @@ TEST_F(ReplicaTest, GradsReadyInOrderAndVisibleToTheCommStream) {
     device_.comm().enqueue([&seen, layer, r, g = replica->grads()] { seen[layer].assign(g + r.offset, g + r.offset + r.count); });
   });
   device_.synchronize();
-  replica->read_grads(after);
+  ReplicaTesting::read_grads(*replica, after);
   EXPECT_EQ(order, (std::vector<int>{kFc2, kFc1, kConv2, kConv1}));
   for (int layer = 0; layer < kLayers; ++layer) {
     const Range r = layer_range(layer);
@@ -424,7 +425,7 @@ TEST_F(ReplicaTest, BackwardOverwritesGradients) {
       replica->backward([](int) {});
     }
     std::vector<float> g(kParamCount);
-    replica->read_grads(g);
+    ReplicaTesting::read_grads(*replica, g);
     return g;
   };
   EXPECT_EQ(grads_after({random_batch(4, 7), random_batch(4, 8)}), grads_after({random_batch(4, 8)}));
@@ -508,7 +509,7 @@ TEST_F(ReplicaTest, SgdContinuesWrittenMomentum) {
   const SgdOptions sgd{0.05f, 0.8f, 0.01f};
   replica->sgd_step(sgd);
   std::vector<float> g(kParamCount), p(kParamCount);
-  replica->read_grads(g);
+  ReplicaTesting::read_grads(*replica, g);
   replica->read_params(p);
   replica->read_momentum(momentum);
   for (std::size_t i = 0; i < kParamCount; i += 101) {

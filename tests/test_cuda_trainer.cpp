@@ -15,6 +15,7 @@
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/trainer.hpp"
+#include "train/trainer_testing.hpp"
 #include "train_fixture.hpp"
 
 namespace mnist_mt {
@@ -85,7 +86,7 @@ TEST(CudaTrainer, OneGpuTrainsWhatOneCpuRankTrains) {
 TEST(CudaTrainer, AFailingRankAmongPeersOnTheGpuStopsEveryRank) {
   for (Mode mode : {Mode::kDdp, Mode::kDp}) {
     TrainConfig c = config_for({0, 0, 0}, 16, mode);
-    c.fault = FaultInjection{2, 5};
+    TrainerTesting::inject(c, FaultInjection{2, 5});
     auto backend = make_cuda_backend({});
     const auto start = std::chrono::steady_clock::now();
     try {

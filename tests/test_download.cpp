@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "catalog.hpp"
-#include "download_internal.hpp"
-#include "file_io.hpp"
+#include "data/catalog.hpp"
+#include "data/download_internal.hpp"
+#include "data/file_io.hpp"
+#include "data/md5.hpp"
 #include "loopback.hpp"
-#include "md5.hpp"
 #include "mnist_mt/data_source.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "data/loader_testing.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/loader.hpp"
@@ -204,13 +205,13 @@ TEST(Loader, StaysABoundedNumberOfBatchesAheadAndReusesItsBuffers) {
   LoaderOptions o;
   o.batch = 1;
   o.depth = 3;
-  o.before_gather = [&](std::uint32_t step) {
+  const auto before_gather = [&](std::uint32_t step) {
     std::uint32_t seen = furthest.load();
     while (step > seen && !furthest.compare_exchange_weak(seen, step)) {
     }
   };
-  Loader loader(split, o);
-  ASSERT_NE(loader.next(0), nullptr);
+  const auto loader = LoaderTesting::with_before_gather(split, o, before_gather);
+  ASSERT_NE(loader->next(0), nullptr);
   std::this_thread::sleep_for(100ms);
   // Queue depth + the steps in flight inside the pipeline (at most 8 items of at most 4
   // steps) + the one held: a bound, far below the 5000 steps of the epoch.
@@ -218,7 +219,7 @@ TEST(Loader, StaysABoundedNumberOfBatchesAheadAndReusesItsBuffers) {
   EXPECT_LE(furthest.load(), bound);
   std::set<const Batch*> buffers;
   std::uint32_t batches = 1;
-  while (const Batch* batch = loader.next(0)) {
+  while (const Batch* batch = loader->next(0)) {
     buffers.insert(batch);
     ++batches;
   }
@@ -248,12 +249,12 @@ TEST(Loader, CancelReleasesConsumersWaitingOnAnEmptyQueue) {
   LoaderOptions o;
   o.world = 3;
   o.batch = 4;
-  o.before_gather = [&](std::uint32_t step) {
+  const auto before_gather = [&](std::uint32_t step) {
     if (step != 5) return;
     stuck = true;
     while (!release_pipeline.load()) std::this_thread::sleep_for(1ms);
   };
-  auto loader = std::make_unique<Loader>(split, o);
+  auto loader = LoaderTesting::with_before_gather(split, o, before_gather);
   std::atomic<int> received{0}, finished{0};
   std::vector<std::thread> consumers;
   for (std::uint32_t r = 0; r < o.world; ++r) {
@@ -322,17 +323,17 @@ TEST(Loader, AStageErrorReachesEveryDdpConsumer) {
   LoaderOptions o;
   o.world = 3;
   o.batch = 5;
-  o.before_gather = [](std::uint32_t step) {
+  const auto before_gather = [](std::uint32_t step) {
     if (step == 7) throw std::runtime_error("gather failed at step 7");
   };
-  Loader loader(split, o);
+  const auto loader = LoaderTesting::with_before_gather(split, o, before_gather);
   std::vector<std::thread> consumers;
   std::atomic<int> errors{0};
   for (std::uint32_t r = 0; r < o.world; ++r) {
     consumers.emplace_back([&, r] {
       try {
         std::uint32_t batches = 0;
-        while (const Batch* batch = loader.next(r)) {
+        while (const Batch* batch = loader->next(r)) {
           EXPECT_LT(batch->step, 7u);
           ++batches;
         }
@@ -341,7 +342,7 @@ TEST(Loader, AStageErrorReachesEveryDdpConsumer) {
         EXPECT_STREQ(e.what(), "gather failed at step 7");
         ++errors;
       }
-      EXPECT_THROW(loader.next(r), std::runtime_error) << "the error is sticky";
+      EXPECT_THROW(loader->next(r), std::runtime_error) << "the error is sticky";
     });
   }
   for (auto& t : consumers) t.join();
@@ -353,11 +354,11 @@ TEST(Loader, AStageErrorReachesARoundRobinConsumer) {
   LoaderOptions o;
   o.world = 2;
   o.batch = 4;
-  o.before_gather = [](std::uint32_t step) {
+  const auto before_gather = [](std::uint32_t step) {
     if (step == 3) throw InputError("bad sample");
   };
-  Loader loader(split, o);
-  EXPECT_THROW(consume_round_robin(loader, split, o.world), InputError);
+  const auto loader = LoaderTesting::with_before_gather(split, o, before_gather);
+  EXPECT_THROW(consume_round_robin(*loader, split, o.world), InputError);
 }
 
 TEST(Loader, RejectsInvalidOptions) {

@@ -18,7 +18,8 @@
 
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"
-#include "saver.hpp"
+#include "train/saver.hpp"
+#include "train/trainer_testing.hpp"
 #include "train_fixture.hpp"
 
 namespace mnist_mt {
@@ -164,10 +165,11 @@ TEST_F(ResumeTest, AStalledRankFailsTheRunWithinTheTimeout) {
   for (StallPhase phase : {StallPhase::kData, StallPhase::kCollective}) {
     TrainConfig c = config_for(3, 8);
     c.timeout_s = 1;
-    c.stall = StallInjection{static_cast<int>(rng_() % 3), rng_() % 20, phase};
+    const StallInjection stall{static_cast<int>(rng_() % 3), rng_() % 20, phase};
+    TrainerTesting::inject(c, stall);
     const std::string name = phase == StallPhase::kData ? "data" : "collective";
-    const std::string expected = "rank " + std::to_string(c.stall->rank) + " failed at step " +
-                                 std::to_string(c.stall->step) + ": stalled in phase " + name;
+    const std::string expected = "rank " + std::to_string(stall.rank) + " failed at step " +
+                                 std::to_string(stall.step) + ": stalled in phase " + name;
     SCOPED_TRACE(expected);
     const auto begin = std::chrono::steady_clock::now();
     try {
@@ -210,20 +212,21 @@ TEST_F(ResumeTest, ASkippedNonFiniteStepIsDroppedOnEveryRankAlike) {
   for (Mode mode : {Mode::kDdp, Mode::kDp}) {
     TrainConfig c = two_epochs(mode);
     c.on_nan = NanPolicy::kSkip;
-    c.nan = NanInjection{static_cast<int>(rng_() % 2), 1 + rng_() % 38};
-    SCOPED_TRACE(testing::Message() << "rank " << c.nan->rank << " step " << c.nan->step);
+    const NanInjection nan{static_cast<int>(rng_() % 2), 1 + rng_() % 38};
+    TrainerTesting::inject(c, nan);
+    SCOPED_TRACE(testing::Message() << "rank " << nan.rank << " step " << nan.step);
     const TrainResult skipped = run(c);
     ASSERT_EQ(skipped.epochs.size(), 2u);
     EXPECT_EQ(skipped.epochs[0].skipped_steps + skipped.epochs[1].skipped_steps, 1u);
-    EXPECT_TRUE(std::isfinite(skipped.epochs[c.nan->step / 20].train_loss));
+    EXPECT_TRUE(std::isfinite(skipped.epochs[nan.step / 20].train_loss));
 
     TrainConfig save = two_epochs(mode);
     save.save = dir_ / "model.safetensors";
-    save.save_every = static_cast<std::uint32_t>(c.nan->step);
+    save.save_every = static_cast<std::uint32_t>(nan.step);
     save.keep = 100;
     const TrainResult straight = run(save);
     EXPECT_NE(straight.params, skipped.params);
-    Checkpoint before = load_checkpoint(numbered_checkpoint(*save.save, c.nan->step));
+    Checkpoint before = load_checkpoint(numbered_checkpoint(*save.save, nan.step));
     before.step += 1;
     if (++before.epoch_step == 20) before.epoch += 1, before.epoch_step = 0;
     TrainConfig resume = two_epochs(mode);
@@ -239,9 +242,10 @@ TEST_F(ResumeTest, ASkippedNonFiniteStepIsDroppedOnEveryRankAlike) {
 TEST_F(ResumeTest, ANonFiniteLossStopsTheRunNamingRankAndStep) {
   for (Mode mode : {Mode::kDdp, Mode::kDp}) {
     TrainConfig c = two_epochs(mode);
-    c.nan = NanInjection{static_cast<int>(rng_() % 2), rng_() % 40};
-    const std::string expected = "rank " + std::to_string(c.nan->rank) + " failed at step " +
-                                 std::to_string(c.nan->step) + ": non-finite training loss";
+    const NanInjection nan{static_cast<int>(rng_() % 2), rng_() % 40};
+    TrainerTesting::inject(c, nan);
+    const std::string expected = "rank " + std::to_string(nan.rank) + " failed at step " + std::to_string(nan.step) +
+                                 ": non-finite training loss";
     try {
       run(c);
       ADD_FAILURE() << "no failure: " << expected;

@@ -8,9 +8,9 @@
 #include <thread>
 #include <vector>
 
-#include "device.hpp"
+#include "cpu/device.hpp"
+#include "cpu/stream.hpp"
 #include "mnist_mt/error.hpp"
-#include "stream.hpp"
 
 namespace mnist_mt::cpu {
 namespace {

@@ -15,10 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "buckets.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/trainer.hpp"
+#include "train/buckets.hpp"
+#include "train/trainer_testing.hpp"
 #include "train_fixture.hpp"
 
 namespace mnist_mt {
@@ -134,9 +135,10 @@ TEST(Trainer, AFaultOnARandomRankAtARandomStepStopsEveryRankWithinSeconds) {
     c.mode = mode;
     c.epochs = 2;
     c.max_steps = 10;
-    c.fault = FaultInjection{static_cast<int>(rng() % 3), rng() % 20};  // either epoch
-    const std::string expected = "rank " + std::to_string(c.fault->rank) + " failed at step " +
-                                 std::to_string(c.fault->step) + ": injected fault";
+    const FaultInjection fault{static_cast<int>(rng() % 3), rng() % 20};  // either epoch
+    TrainerTesting::inject(c, fault);
+    const std::string expected = "rank " + std::to_string(fault.rank) + " failed at step " +
+                                 std::to_string(fault.step) + ": injected fault";
     SCOPED_TRACE(expected);
     const auto start = std::chrono::steady_clock::now();
     try {
@@ -232,7 +234,7 @@ TEST(Trainer, BadConfigIsAnInputError) {
   TrainConfig c = config_for(2, 400);  // a global batch of 800 > 640 images
   EXPECT_THROW(run(c), InputError);
   c = config_for(2, 8);
-  c.fault = FaultInjection{2, 0};
+  TrainerTesting::inject(c, FaultInjection{2, 0});
   EXPECT_THROW(run(c), InputError);
 }
 

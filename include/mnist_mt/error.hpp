@@ -3,14 +3,22 @@
 // InputError -> 2 (bad input or usage), everything else -> 3 (runtime or distributed failure).
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace mnist_mt {
 
-// Bad user input: a flag, a data file, a checkpoint. The message is one line that
-// names the input and the problem.
+// Bad user input: a config value, a data file, a checkpoint. The message is one line
+// that names the input and the problem.
 class InputError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  // A bad config value also carries its member's name ("batch", "sgd.lr", "save"), so
+  // that a caller can say where the value came from (the CLI: the flag that gave it).
+  InputError(const std::string& what, std::string input) : std::runtime_error(what), input_(std::move(input)) {}
+  const std::string& input() const { return input_; }  // empty: not a config value
+
+ private:
+  std::string input_;
 };
 
 // A failure while running: a library call, a device, a worker thread.

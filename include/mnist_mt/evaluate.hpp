@@ -30,7 +30,7 @@ struct EvalResult {
   std::array<double, kClasses> class_accuracy() const;
 };
 
-// Throws InputError for a bad checkpoint ("--load: ...") or config, RuntimeFailure
+// Throws InputError for a bad checkpoint (input() "load") or config, RuntimeFailure
 // ("rank R failed ...") for a failure while running.
 EvalResult evaluate(Backend& backend, const Dataset& data, const EvalConfig& config);
 

@@ -27,9 +27,6 @@ struct LoaderOptions {
   std::uint64_t seed = 0;
   std::uint32_t epoch = 0;
   std::uint32_t depth = 4;       // batches a rank's queue holds ahead of its consumer
-  // Test hook, empty in production: called on a pipeline thread before each step is
-  // gathered; an exception it throws reaches the consumers through next().
-  std::function<void(std::uint32_t step)> before_gather;
 };
 
 class Loader {
@@ -51,7 +48,9 @@ class Loader {
   void cancel();
 
  private:
+  friend struct LoaderTesting;  // src/data/loader_testing.hpp
   struct State;
+  Loader(const Split& split, const LoaderOptions& options, std::function<void(std::uint32_t step)> before_gather);
   std::unique_ptr<State> state_;
 };
 

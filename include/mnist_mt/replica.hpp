@@ -72,6 +72,10 @@ class Replica {
   // Log-probabilities of the last forward pass, batch x 10, synchronous (eval
   // confusion matrices, predict, tests).
   virtual void read_logprobs(std::span<float> out) = 0;
+
+ private:
+  friend struct ReplicaTesting;  // src/model/replica_testing.hpp
+  // Synchronous host copy of the gradients, for tests.
   virtual void read_grads(std::span<float> out) = 0;
 };
 

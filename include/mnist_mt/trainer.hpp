@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -19,23 +20,7 @@ namespace mnist_mt {
 
 enum class Mode { kDdp, kDp };
 
-struct FaultInjection {  // tests: rank `rank` throws at global step `step`
-  int rank = 0;
-  std::uint64_t step = 0;
-};
-
-struct NanInjection {  // tests: rank `rank`'s loss and gradients are NaN at global step `step`
-  int rank = 0;
-  std::uint64_t step = 0;
-};
-
-enum class StallPhase { kData, kCompute, kCollective };
-
-struct StallInjection {  // tests: rank `rank` stops making progress in `phase` of step `step`
-  int rank = 0;
-  std::uint64_t step = 0;
-  StallPhase phase = StallPhase::kCompute;
-};
+struct TrainHooks;  // src/train/trainer_testing.hpp
 
 // What a step whose loss or gradient norm is not finite does: stop fails the run naming
 // the step and the rank; skip drops that step's update on every rank alike (the decision
@@ -78,12 +63,13 @@ struct TrainConfig {
   double timeout_s = 600;          // a rank without progress for this long fails the run; 0: never
   StopRequest* stop = nullptr;
   std::optional<std::filesystem::path> metrics;
-  std::optional<FaultInjection> fault;
-  std::optional<StallInjection> stall;
-  std::optional<NanInjection> nan;
   std::uint32_t max_steps = 0;     // per epoch, 0 = all (tests and benchmarks)
   bool evaluate = true;
   std::ostream* progress = nullptr;  // rank 0's progress lines and epoch summaries
+
+ private:
+  friend struct TrainerTesting;  // src/train/trainer_testing.hpp: injected faults and stalls
+  std::shared_ptr<const TrainHooks> hooks_;
 };
 
 struct PhaseSeconds {
@@ -116,6 +102,12 @@ struct TrainResult {
   std::vector<float> params;  // final parameters (rank 0's)
   std::optional<Interruption> interrupted;
 };
+
+// Throws InputError for a value train() refuses before it needs the data (a size, a
+// rate, an output path that cannot be written), naming the value; InputError::input()
+// is its member's name ("batch", "sgd.lr", "bucket_mb", "save", ...). train() checks
+// the same, and the batch against the data.
+void check_train_config(const TrainConfig& config);
 
 // A worker failure surfaces as RuntimeFailure("rank R failed at step S: why"); a stall
 // longer than timeout_s as RuntimeFailure("rank R stalled at step S in PHASE ..."); an

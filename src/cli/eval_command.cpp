@@ -5,7 +5,7 @@
 #include <string>
 
 #include "commands.hpp"
-#include "file_io.hpp"
+#include "data/file_io.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/evaluate.hpp"
 
@@ -62,14 +62,15 @@ void add_eval_flags(CLI::App& app, EvalFlags& f) {
 
 int run_eval(const EvalFlags& f) {
   EvalConfig config;
-  config.batch = count_flag(f.batch, 1, "--batch-size");
+  config.batch = count_flag(f.batch, 0, "--batch-size");
   config.checkpoint = f.load;
   Devices devices = pick_devices(f.device);
   config.devices = devices.ids;
   const Dataset data = load_data(f.data, std::cout);
   std::cout << "mnist_mt: eval of " << f.load << " on " << config.devices.size() << ' ' << devices.backend->name()
             << " device(s)" << std::endl;
-  const EvalResult result = evaluate(*devices.backend, data, config);
+  const EvalResult result = with_flag_names({{"batch", "--batch-size"}, {"load", "--load"}},
+                                            [&] { return evaluate(*devices.backend, data, config); });
   print(result, std::cout);
   if (f.json) {
     const std::string text = to_json(result, f.load).dump() + "\n";

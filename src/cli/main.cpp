@@ -9,7 +9,7 @@
 #include "commands.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/trainer.hpp"
-#include "signal_watch.hpp"
+#include "train/signal_watch.hpp"
 
 namespace {
 

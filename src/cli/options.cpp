@@ -4,11 +4,9 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <limits>
-#include <sstream>
 #include <string_view>
 
 #include "mnist_mt/data_source.hpp"
@@ -86,7 +84,8 @@ Devices pick_devices(const DeviceFlags& f) {
   options.deterministic = f.deterministic;
   options.tf32 = f.tf32;
   if (f.gpus) {
-    Devices d{make_cuda_backend(options), parse_gpus(*f.gpus)};
+    Devices d{with_flag_names({{"backend", "--gpus"}}, [&] { return make_cuda_backend(options); }),
+              parse_gpus(*f.gpus)};
     for (int id : d.ids) {
       if (id >= d.backend->device_count()) {
         throw InputError("--gpus: no device " + std::to_string(id) + " (this machine has " +
@@ -137,15 +136,10 @@ std::uint32_t count_flag(std::int64_t value, std::int64_t min, const std::string
   return static_cast<std::uint32_t>(value);
 }
 
-std::string show(double value) {
-  std::ostringstream out;
-  out << value;
-  return out.str();
-}
-
-float non_negative(double value, const std::string& flag) {
-  if (!std::isfinite(value) || value < 0) throw InputError(flag + ": must be a finite number >= 0, got " + show(value));
-  return static_cast<float>(value);
+void throw_naming_flag(const InputError& error, const FlagNames& flags) {
+  const auto flag = flags.find(error.input());
+  if (flag == flags.end()) throw error;
+  throw InputError(flag->second + ": " + error.what());
 }
 
 }  // namespace mnist_mt::cli

@@ -1,9 +1,12 @@
 #pragma once
 // What every subcommand shares: the device flags, the data flags, and the checks that
-// turn a flag's value into a config value (an error names the flag).
+// turn a flag's value into a config value (an error names the flag), and the naming of
+// the library's errors about values by their flags.
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -13,6 +16,7 @@
 
 #include "mnist_mt/backend.hpp"
 #include "mnist_mt/dataset.hpp"
+#include "mnist_mt/error.hpp"
 
 namespace mnist_mt::cli {
 
@@ -55,7 +59,21 @@ std::optional<T> whole_number(std::string_view text) {
 
 // A count from min up to what 32 bits hold.
 std::uint32_t count_flag(std::int64_t value, std::int64_t min, const std::string& flag);
-float non_negative(double value, const std::string& flag);
-std::string show(double value);
+
+// Config member (InputError::input()) -> the flag that gives it.
+using FlagNames = std::map<std::string, std::string, std::less<>>;
+
+// The library names a bad value; the user needs the flag: an InputError whose input()
+// has a flag in `flags` is thrown again as "FLAG: message". Others pass unchanged.
+[[noreturn]] void throw_naming_flag(const InputError& error, const FlagNames& flags);
+
+template <typename F>
+decltype(auto) with_flag_names(const FlagNames& flags, F&& f) {
+  try {
+    return f();
+  } catch (const InputError& e) {
+    throw_naming_flag(e, flags);
+  }
+}
 
 }  // namespace mnist_mt::cli

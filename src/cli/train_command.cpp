@@ -1,4 +1,3 @@
-#include <cmath>
 #include <iostream>
 #include <string_view>
 #include <utility>
@@ -6,7 +5,8 @@
 #include "commands.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/trainer.hpp"
-#include "signal_watch.hpp"
+#include "train/signal_watch.hpp"
+#include "train/trainer_testing.hpp"
 
 namespace mnist_mt::cli {
 namespace {
@@ -46,6 +46,15 @@ StallInjection parse_stall(const std::string& spec) {
   stall.step = *step;
   return stall;
 }
+
+// The flag that gives each config value (InputError::input()).
+const FlagNames kTrainFlags = {
+    {"batch", "--batch-size"},      {"sgd.lr", "--lr"},         {"sgd.momentum", "--momentum"},
+    {"sgd.weight_decay", "--weight-decay"}, {"bucket_mb", "--bucket-mb"}, {"timeout_s", "--timeout"},
+    {"keep", "--keep"},             {"save_every", "--save-every"}, {"save", "--save"},
+    {"metrics", "--metrics"},       {"load", "--load"},         {"fault", "--inject-fault"},
+    {"stall", "--inject-stall"},    {"nan", "--inject-nan"},
+};
 
 // A run stopped by a signal: where its checkpoint is, and how to go on.
 int interrupted(const Interruption& i) {
@@ -100,15 +109,12 @@ int run_train(const TrainFlags& f, StopRequest& stop) {
   config.stop = &stop;
   config.mode = f.mode == "dp" ? Mode::kDp : Mode::kDdp;
   config.epochs = count_flag(f.epochs, 0, "--epochs");
-  config.batch = count_flag(f.batch, 1, "--batch-size");
-  config.sgd.lr = non_negative(f.lr, "--lr");
-  config.sgd.momentum = non_negative(f.momentum, "--momentum");
-  config.sgd.weight_decay = non_negative(f.weight_decay, "--weight-decay");
+  config.batch = count_flag(f.batch, 0, "--batch-size");
+  config.sgd.lr = static_cast<float>(f.lr);
+  config.sgd.momentum = static_cast<float>(f.momentum);
+  config.sgd.weight_decay = static_cast<float>(f.weight_decay);
   config.seed = f.seed;
   config.bucket_mb = f.bucket_mb;
-  if (!(f.bucket_mb > 0) || !std::isfinite(f.bucket_mb)) {
-    throw InputError("--bucket-mb: must be a positive number, got " + show(f.bucket_mb));
-  }
   config.max_steps = count_flag(f.max_steps, 0, "--max-steps");
   if (f.save) config.save = *f.save;
   if (f.load) config.load = *f.load;
@@ -116,30 +122,27 @@ int run_train(const TrainFlags& f, StopRequest& stop) {
   config.on_nan = f.on_nan == "skip" ? NanPolicy::kSkip : NanPolicy::kStop;
   if (f.inject_fault) {
     const auto [rank, step] = parse_rank_step(*f.inject_fault, "--inject-fault");
-    config.fault = FaultInjection{rank, step};
+    TrainerTesting::inject(config, FaultInjection{rank, step});
   }
   if (f.inject_nan) {
     const auto [rank, step] = parse_rank_step(*f.inject_nan, "--inject-nan");
-    config.nan = NanInjection{rank, step};
+    TrainerTesting::inject(config, NanInjection{rank, step});
   }
-  if (f.inject_stall) config.stall = parse_stall(*f.inject_stall);
+  if (f.inject_stall) TrainerTesting::inject(config, parse_stall(*f.inject_stall));
   config.save_every = count_flag(f.save_every, 0, "--save-every");
-  config.keep = count_flag(f.keep, 1, "--keep");
-  if (f.keep > 1 && !f.save) throw InputError("--keep: needs --save");
-  if (f.save_every > 0 && !f.save) throw InputError("--save-every: needs --save");
-  if (!std::isfinite(f.timeout) || f.timeout < 0) {
-    throw InputError("--timeout: must be a finite number of seconds >= 0, got " + show(f.timeout));
-  }
+  config.keep = count_flag(f.keep, 0, "--keep");
   config.timeout_s = f.timeout;
   config.progress = &std::cout;
 
   Devices devices = pick_devices(f.device);
   config.devices = devices.ids;
+  // The values are checked before the data is found or downloaded.
+  with_flag_names(kTrainFlags, [&] { check_train_config(config); });
   const Dataset data = load_data(f.data, std::cout);
   std::cout << "mnist_mt: " << (config.mode == Mode::kDp ? "dp" : "ddp") << " on " << config.devices.size() << ' '
             << devices.backend->name() << " device(s), batch " << config.batch << " per device, " << data.train.size()
             << " training and " << data.test.size() << " test images" << std::endl;
-  const TrainResult result = train(*devices.backend, data, config);
+  const TrainResult result = with_flag_names(kTrainFlags, [&] { return train(*devices.backend, data, config); });
   return result.interrupted ? interrupted(*result.interrupted) : 0;
 }
 

@@ -16,10 +16,12 @@ void add_conv2_forward(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, 
   const memory::desc a2_md({n, Dim{kConv2Channels}, Dim{kConv2Side}, Dim{kConv2Side}}, kF32, blocked);
   const memory::desc any_w2({Dim{kConv2Channels}, Dim{kConv1Channels}, 3, 3}, kF32, Tag::any);
   const memory::desc bias_md = plain(kParams[3]);
-  const convolution_forward::primitive_desc fwd(
-      convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_auto, a1_md, any_w2, bias_md,
-                                a2_md, unit, zero, zero),
-      b.engine());
+  const auto fwd = planned(kConv2Forward, [&] {
+    return convolution_forward::primitive_desc(
+        convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_auto, a1_md, any_w2, bias_md,
+                                  a2_md, unit, zero, zero),
+        b.engine());
+  });
   const std::size_t act1_count = cap * kConv1Channels * kConv1Side * kConv1Side;
   const std::size_t act2_count = cap * kConv2Channels * kConv2Side * kConv2Side;
   const memory a1 = b.bind(a1_md, buf.act1, act1_count), a2 = b.bind(a2_md, buf.act2, act2_count);

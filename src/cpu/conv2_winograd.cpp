@@ -31,7 +31,7 @@ dnnl::matmul::primitive_desc make_matmul(const dnnl::engine& engine, const memor
     sum.append_sum(1.0f);
     attr.set_post_ops(sum);
   }
-  return {dnnl::matmul::desc(src, weights, dst), attr, engine};
+  return planned(kConv2Backward, [&] { return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), attr, engine); });
 }
 
 }  // namespace
@@ -61,7 +61,7 @@ Conv2WinogradBackward::Conv2WinogradBackward(const dnnl::engine& engine, std::ui
 }
 
 Step Conv2WinogradBackward::product(const dnnl::primitive_desc& pd, float* src, float* weights, float* dst) {
-  Step step{dnnl::primitive(pd.get()), {}, kConv2Backward};
+  Step step{planned(kConv2Backward, [&] { return dnnl::primitive(pd.get()); }), {}, kConv2Backward};
   for (const auto& [arg, desc, data] : {std::tuple{DNNL_ARG_SRC, pd.src_desc(), src},
                                         std::tuple{DNNL_ARG_WEIGHTS, pd.weights_desc(), weights},
                                         std::tuple{DNNL_ARG_DST, pd.dst_desc(), dst}})

@@ -12,20 +12,31 @@ void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, float* params, float
   const memory::desc flat_md({n, Dim{kFlat}}, kF32, Tag::nc), hidden_md({n, Dim{kHidden}}, kF32, Tag::nc);
   const memory::desc logits_md({n, Dim{kClasses}}, kF32, Tag::nc);
   const auto desc = [](int i) { return plain(kParams[i]); };
-  const inner_product_forward::primitive_desc fc1_pd(
-      inner_product_forward::desc(prop_kind::forward_training, flat_md, desc(4), desc(5), hidden_md), b.relu_attr(),
-      b.engine());
-  const inner_product_forward::primitive_desc fc2_pd(
-      inner_product_forward::desc(prop_kind::forward_training, hidden_md, desc(6), desc(7), logits_md), b.engine());
-  const inner_product_backward_weights::primitive_desc fc2_bw_pd(
-      inner_product_backward_weights::desc(hidden_md, desc(6), desc(7), logits_md), b.engine(), fc2_pd);
-  const inner_product_backward_data::primitive_desc fc2_bd_pd(
-      inner_product_backward_data::desc(hidden_md, desc(6), logits_md), b.engine(), fc2_pd);
-  const inner_product_backward_weights::primitive_desc fc1_bw_pd(
-      inner_product_backward_weights::desc(flat_md, desc(4), desc(5), hidden_md), b.engine(), fc1_pd);
-  const inner_product_backward_data::primitive_desc fc1_bd_pd(
-      inner_product_backward_data::desc(flat_md, desc(4), hidden_md), b.engine(), fc1_pd);
-
+  const auto fc1_pd = planned(kFc1Forward, [&] {
+    return inner_product_forward::primitive_desc(
+        inner_product_forward::desc(prop_kind::forward_training, flat_md, desc(4), desc(5), hidden_md), b.relu_attr(),
+        b.engine());
+  });
+  const auto fc2_pd = planned(kFc2Forward, [&] {
+    return inner_product_forward::primitive_desc(
+        inner_product_forward::desc(prop_kind::forward_training, hidden_md, desc(6), desc(7), logits_md), b.engine());
+  });
+  const auto fc2_bw_pd = planned(kFc2BackwardWeights, [&] {
+    return inner_product_backward_weights::primitive_desc(
+        inner_product_backward_weights::desc(hidden_md, desc(6), desc(7), logits_md), b.engine(), fc2_pd);
+  });
+  const auto fc2_bd_pd = planned(kFc2BackwardData, [&] {
+    return inner_product_backward_data::primitive_desc(inner_product_backward_data::desc(hidden_md, desc(6), logits_md),
+                                                       b.engine(), fc2_pd);
+  });
+  const auto fc1_bw_pd = planned(kFc1BackwardWeights, [&] {
+    return inner_product_backward_weights::primitive_desc(
+        inner_product_backward_weights::desc(flat_md, desc(4), desc(5), hidden_md), b.engine(), fc1_pd);
+  });
+  const auto fc1_bd_pd = planned(kFc1BackwardData, [&] {
+    return inner_product_backward_data::primitive_desc(inner_product_backward_data::desc(flat_md, desc(4), hidden_md),
+                                                       b.engine(), fc1_pd);
+  });
   const memory flat = b.bind(flat_md, buf.flat, cap * kFlat), d_flat = b.bind(flat_md, buf.d_flat, cap * kFlat);
   const memory hidden = b.bind(hidden_md, buf.hidden, cap * kHidden);
   const memory d_hidden = b.bind(hidden_md, buf.d_hidden, cap * kHidden);

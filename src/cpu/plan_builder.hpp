@@ -56,7 +56,7 @@ class PlanBuilder {
   Step step(Op op, const Pd& pd, std::initializer_list<std::pair<int, memory>> args, const char* what = "") {
     std::string& impl = plan_.impl[op];
     impl += (impl.empty() ? "" : " + ") + std::string(what) + pd.impl_info_str();
-    Step s{dnnl::primitive(pd.get()), {}, op};
+    Step s{planned(op, [&] { return dnnl::primitive(pd.get()); }), {}, op};
     for (const auto& [arg, mem] : args) s.args.push_back({arg, mem.get()});
     return s;
   }
@@ -67,8 +67,8 @@ class PlanBuilder {
     if (wanted == user.get_desc()) return user;
     auto& owned = plan_.owned.emplace_back(aligned_zeros<float>(wanted.get_size() / sizeof(float)));
     const memory buffer = plan_.memories.emplace_back(wanted, engine_, owned.get());
-    steps.push_back(step(op, dnnl::reorder::primitive_desc(engine_, user.get_desc(), engine_, wanted),
-                         {{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, buffer}}, "reorder "));
+    const auto pd = planned(op, [&] { return dnnl::reorder::primitive_desc(engine_, user.get_desc(), engine_, wanted); });
+    steps.push_back(step(op, pd, {{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, buffer}}, "reorder "));
     return buffer;
   }
 

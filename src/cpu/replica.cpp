@@ -225,6 +225,8 @@ class CpuReplicaImpl final : public CpuReplica {
         plan = build_plan(engine_, batch, isa_, buffers_, params_.get(), grads_.get());
       } catch (const dnnl::error& e) {
         throw RuntimeFailure(device_.name() + ": oneDNN, plan for batch " + std::to_string(batch) + ": " + e.what());
+      } catch (const RuntimeFailure& e) {  // names the operation (step.hpp's planned)
+        throw RuntimeFailure(device_.name() + ": plan for batch " + std::to_string(batch) + ": " + e.what());
       }
     });
     warn_if_reference(*plan);
@@ -253,7 +255,11 @@ class CpuReplicaImpl final : public CpuReplica {
   template <class F>
   void timed(Op op, F&& work) {
     const auto start = std::chrono::steady_clock::now();
-    work();
+    try {
+      work();
+    } catch (const RuntimeFailure& e) {  // a oneDNN step's failure names its operation, not the device
+      throw RuntimeFailure(device_.name() + ": " + e.what());
+    }
     seconds_[op] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 

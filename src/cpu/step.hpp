@@ -3,7 +3,10 @@
 // arguments as one of them.
 #include <array>
 #include <dnnl.hpp>
+#include <string>
 #include <vector>
+
+#include "mnist_mt/error.hpp"
 
 namespace mnist_mt::cpu {
 
@@ -30,7 +33,18 @@ struct Step {
 };
 
 // Runs a step on `stream`; a failure throws RuntimeFailure naming the operation and
-// oneDNN's status.
+// oneDNN's status (the replica adds the device).
 void run(const Step& step, const dnnl::stream& stream);
+
+// What `make` returns (a primitive descriptor or a primitive of operation `op`); oneDNN's
+// error while making it becomes a RuntimeFailure naming the operation.
+template <class F>
+auto planned(Op op, F&& make) -> decltype(make()) {
+  try {
+    return make();
+  } catch (const dnnl::error& e) {
+    throw RuntimeFailure(std::string("oneDNN: ") + kOpNames[op] + ": " + e.what());
+  }
+}
 
 }  // namespace mnist_mt::cpu

@@ -9,11 +9,13 @@
 #include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/sampler.hpp"
@@ -62,7 +64,7 @@ struct Loader::State {
     std::vector<std::atomic<std::uint32_t>> slot_state;
   };
 
-  State(const Split& split_in, const LoaderOptions& options_in);
+  State(const Split& split_in, const LoaderOptions& options_in, std::function<void(std::uint32_t)> before_gather_in);
   void run() noexcept;
   void gather(std::uint32_t step);
   void hand_off(std::uint32_t first, std::uint32_t last);
@@ -87,6 +89,7 @@ struct Loader::State {
 
   const Split& split;
   const LoaderOptions options;
+  const std::function<void(std::uint32_t)> before_gather;  // tests only (loader_testing.hpp); empty otherwise
   ShardPlan plan;
   std::vector<std::uint32_t> order;  // the epoch's permutation; empty in evaluation (split order)
   std::uint32_t tokens;
@@ -106,8 +109,9 @@ struct Loader::State {
   std::thread thread;
 };
 
-Loader::State::State(const Split& split_in, const LoaderOptions& options_in)
-    : split(split_in), options(options_in), tokens(live_tokens()) {
+Loader::State::State(const Split& split_in, const LoaderOptions& options_in,
+                     std::function<void(std::uint32_t)> before_gather_in)
+    : split(split_in), options(options_in), before_gather(std::move(before_gather_in)), tokens(live_tokens()) {
   if (options.world == 0 || options.batch == 0 || options.depth == 0 || options.depth > kMaxDepth)
     throw InputError("loader: world size and batch size must be positive, queue depth 1.." +
                      std::to_string(kMaxDepth));
@@ -173,7 +177,7 @@ void Loader::State::run() noexcept {
 }
 
 void Loader::State::gather(std::uint32_t step) {
-  if (options.before_gather) options.before_gather(step);
+  if (before_gather) before_gather(step);
   if (stopped.load(std::memory_order_relaxed)) return;  // hand_off will not deliver it
   const std::uint32_t slot = step % pool;
   for (std::uint32_t r = 0; r < options.world; ++r) {
@@ -279,7 +283,10 @@ void Loader::State::wake_all() noexcept {
   }
 }
 
-Loader::Loader(const Split& split, const LoaderOptions& options) : state_(std::make_unique<State>(split, options)) {
+Loader::Loader(const Split& split, const LoaderOptions& options) : Loader(split, options, {}) {}
+
+Loader::Loader(const Split& split, const LoaderOptions& options, std::function<void(std::uint32_t)> before_gather)
+    : state_(std::make_unique<State>(split, options, std::move(before_gather))) {
   state_->thread = std::thread([state = state_.get()] { state->run(); });
 }
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "file_io.hpp"
+#include "data/file_io.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 

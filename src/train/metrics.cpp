@@ -9,7 +9,7 @@
 namespace mnist_mt {
 
 MetricsFile::MetricsFile(const std::filesystem::path& path) : path_(path), out_(path, std::ios::trunc) {
-  if (!out_) throw InputError("--metrics: cannot write " + path.string() + ": " + std::strerror(errno));
+  if (!out_) throw InputError("metrics file " + path.string() + ": cannot write: " + std::strerror(errno), "metrics");
 }
 
 void MetricsFile::write(const EpochMetrics& m) {
@@ -32,7 +32,7 @@ void MetricsFile::write(const EpochMetrics& m) {
         {"optimizer", m.phase_seconds.optimizer}}},
   };
   out_ << line.dump() << '\n' << std::flush;
-  if (!out_) throw RuntimeFailure("--metrics: writing " + path_.string() + " failed");
+  if (!out_) throw RuntimeFailure("metrics file " + path_.string() + ": writing failed");
 }
 
 }  // namespace mnist_mt

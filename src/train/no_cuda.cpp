@@ -1,4 +1,4 @@
-// Builds without the CUDA backend: --gpus is an input error, not a crash.
+// Builds without the CUDA backend: asking for it is an input error, not a crash.
 #include "mnist_mt/backend.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/version.hpp"
@@ -6,7 +6,7 @@
 namespace mnist_mt {
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
-  throw InputError("--gpus: this build has no CUDA backend");
+  throw InputError("this build has no CUDA backend", "backend");
 }
 
 bool cuda_built() { return false; }

@@ -21,28 +21,14 @@ namespace mnist_mt {
 namespace {
 
 void check(const TrainConfig& config, const Dataset& data) {
-  if (config.devices.empty()) throw InputError("no device to train on");
-  if (config.batch == 0) throw InputError("--batch-size: must be at least 1");
+  check_train_config(config);
   const std::uint64_t global = std::uint64_t{config.batch} * config.devices.size();
   if (global > data.train.size()) {
-    throw InputError("--batch-size: the global batch, " + std::to_string(global) + " images, exceeds the " +
-                     std::to_string(data.train.size()) + " training images");
+    throw InputError("the global batch, " + std::to_string(global) + " images (batch size " +
+                         std::to_string(config.batch) + " on " + std::to_string(config.devices.size()) +
+                         " ranks), exceeds the " + std::to_string(data.train.size()) + " training images",
+                     "batch");
   }
-  if (config.fault && (config.fault->rank < 0 || config.fault->rank >= static_cast<int>(config.devices.size()))) {
-    throw InputError("--inject-fault: no rank " + std::to_string(config.fault->rank));
-  }
-  if (config.stall && (config.stall->rank < 0 || config.stall->rank >= static_cast<int>(config.devices.size()))) {
-    throw InputError("--inject-stall: no rank " + std::to_string(config.stall->rank));
-  }
-  if (config.nan && (config.nan->rank < 0 || config.nan->rank >= static_cast<int>(config.devices.size()))) {
-    throw InputError("--inject-nan: no rank " + std::to_string(config.nan->rank));
-  }
-  if (!(config.timeout_s >= 0) || !std::isfinite(config.timeout_s)) {
-    throw InputError("--timeout: must be a finite number of seconds >= 0");
-  }
-  // An unwritable output is found now, not after the first epoch.
-  if (config.save) check_output_path(*config.save, "--save");
-  if (config.metrics) check_output_path(*config.metrics, "--metrics");
 }
 
 // The checkpoint's parameters, momentum and loop state (its seed too, so that a resumed
@@ -53,7 +39,7 @@ Checkpoint starting_point(const TrainConfig& config, const Dataset& data) {
     try {
       return load_checkpoint(*config.load);
     } catch (const InputError& e) {
-      throw InputError(std::string("--load: ") + e.what());
+      throw InputError(e.what(), "load");
     }
   }
   Checkpoint start;
@@ -148,7 +134,8 @@ void Run::exit_hung() const {
 bool Run::failed() const { return failed_.load(); }
 
 void Run::inject_stall(int rank, std::uint64_t step, StallPhase phase) const {
-  if (!config.stall || config.stall->rank != rank || config.stall->step != step || config.stall->phase != phase) return;
+  const std::optional<StallInjection>& stall = TrainerTesting::hooks(config).stall;
+  if (!stall || stall->rank != rank || stall->step != step || stall->phase != phase) return;
   // Stuck compute never returns; a missing peer or a stopped loader is released by the abort.
   while (phase == StallPhase::kCompute || !failed()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
@@ -185,13 +172,15 @@ void Run::await_peers() {
 }
 
 void Run::inject_fault(int rank, std::uint64_t step) const {
-  if (config.fault && config.fault->rank == rank && config.fault->step == step) {
+  const std::optional<FaultInjection>& fault = TrainerTesting::hooks(config).fault;
+  if (fault && fault->rank == rank && fault->step == step) {
     throw RuntimeFailure("injected fault");
   }
 }
 
 std::vector<float> Run::inject_nan(int rank, std::uint64_t step, Replica& replica) const {
-  if (!config.nan || config.nan->rank != rank || config.nan->step != step) return {};
+  const std::optional<NanInjection>& nan = TrainerTesting::hooks(config).nan;
+  if (!nan || nan->rank != rank || nan->step != step) return {};
   std::vector<float> clean(kParamCount);
   replica.read_params(clean);
   std::vector<float> poisoned = clean;

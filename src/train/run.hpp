@@ -19,6 +19,7 @@
 #include "progress.hpp"
 #include "saver.hpp"
 #include "shared_loaders.hpp"
+#include "trainer_testing.hpp"
 #include "watchdog.hpp"
 
 namespace mnist_mt {

@@ -61,21 +61,23 @@ void Saver::save(const std::filesystem::path& path, const Checkpoint& checkpoint
   }
 }
 
-void check_output_path(const std::filesystem::path& path, const char* what) {
+void check_output_path(const std::filesystem::path& path, const char* what, const char* input) {
   const std::filesystem::path dir = path.parent_path().empty() ? "." : path.parent_path();
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
-    throw InputError(std::string(what) + ": " + path.string() + ": directory " + dir.string() + " does not exist");
+    throw InputError(std::string(what) + " " + path.string() + ": directory " + dir.string() + " does not exist",
+                     input);
   }
   if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    throw InputError(std::string(what) + ": " + path.string() + ": directory " + dir.string() +
-                     " is not writable: " + std::strerror(errno));
+    throw InputError(std::string(what) + " " + path.string() + ": directory " + dir.string() +
+                         " is not writable: " + std::strerror(errno),
+                     input);
   }
   if (std::filesystem::is_directory(path, ec)) {
-    throw InputError(std::string(what) + ": " + path.string() + " is a directory");
+    throw InputError(std::string(what) + " " + path.string() + " is a directory", input);
   }
   if (std::filesystem::exists(path, ec) && ::access(path.c_str(), W_OK) != 0) {
-    throw InputError(std::string(what) + ": " + path.string() + " is not writable: " + std::strerror(errno));
+    throw InputError(std::string(what) + " " + path.string() + " is not writable: " + std::strerror(errno), input);
   }
 }
 

@@ -27,8 +27,9 @@ class Saver {
 // "<stem>.step-<STEP><ext>" beside `path`.
 std::filesystem::path numbered_checkpoint(const std::filesystem::path& path, std::uint64_t step);
 
-// Refuses (InputError, naming `what`) an output path whose directory is missing or not
-// writable, or that names a directory: checked before training starts.
-void check_output_path(const std::filesystem::path& path, const char* what);
+// Refuses (InputError naming `what` and the path, tagged `input`) an output path whose
+// directory is missing or not writable, or that names a directory: checked before
+// training starts.
+void check_output_path(const std::filesystem::path& path, const char* what, const char* input);
 
 }  // namespace mnist_mt

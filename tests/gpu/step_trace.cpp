@@ -23,6 +23,7 @@
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/philox.hpp"
 #include "mnist_mt/sampler.hpp"
+#include "model/replica_testing.hpp"
 
 namespace mnist_mt {
 namespace {
@@ -99,7 +100,7 @@ void trace(const Options& o) {
     replica->backward([](int) {});
     if (step == 0) {
       std::vector<float> grads(kParamCount);
-      replica->read_grads(grads);
+      ReplicaTesting::read_grads(*replica, grads);
       save_params(o.out / "grads.safetensors", std::move(grads), o.seed);
     }
     losses.push_back(replica->take_stats().loss_sum / b.size);

@@ -1,0 +1,63 @@
+#include <cmath>
+#include <sstream>
+#include <string>
+
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/trainer.hpp"
+#include "saver.hpp"
+#include "trainer_testing.hpp"
+
+namespace mnist_mt {
+namespace {
+
+std::string show(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+void check_rate(double value, const char* name, const char* input) {
+  if (!std::isfinite(value) || value < 0) {
+    throw InputError(std::string(name) + " " + show(value) + " must be a finite number >= 0", input);
+  }
+}
+
+void check_rank(const char* what, int rank, std::size_t world, const char* input) {
+  if (rank < 0 || rank >= static_cast<int>(world)) {
+    throw InputError(std::string(what) + ": no rank " + std::to_string(rank) + " among " + std::to_string(world),
+                     input);
+  }
+}
+
+}  // namespace
+
+void check_train_config(const TrainConfig& config) {
+  if (config.devices.empty()) throw InputError("no device to train on", "devices");
+  if (config.batch == 0) throw InputError("batch size 0 must be positive", "batch");
+  check_rate(config.sgd.lr, "learning rate", "sgd.lr");
+  check_rate(config.sgd.momentum, "momentum", "sgd.momentum");
+  check_rate(config.sgd.weight_decay, "weight decay", "sgd.weight_decay");
+  if (!(config.bucket_mb > 0) || !std::isfinite(config.bucket_mb)) {
+    throw InputError("bucket cap " + show(config.bucket_mb) + " MiB must be a positive number", "bucket_mb");
+  }
+  if (!(config.timeout_s >= 0) || !std::isfinite(config.timeout_s)) {
+    throw InputError("timeout " + show(config.timeout_s) + " s must be a finite number of seconds >= 0", "timeout_s");
+  }
+  if (config.keep == 0) throw InputError("0 checkpoints to keep: must be at least 1", "keep");
+  if (config.keep > 1 && !config.save) {
+    throw InputError("keeping " + std::to_string(config.keep) + " checkpoints needs a checkpoint path", "keep");
+  }
+  if (config.save_every > 0 && !config.save) {
+    throw InputError("saving every " + std::to_string(config.save_every) + " steps needs a checkpoint path",
+                     "save_every");
+  }
+  const TrainHooks& hooks = TrainerTesting::hooks(config);
+  if (hooks.fault) check_rank("injected fault", hooks.fault->rank, config.devices.size(), "fault");
+  if (hooks.stall) check_rank("injected stall", hooks.stall->rank, config.devices.size(), "stall");
+  if (hooks.nan) check_rank("injected NaN", hooks.nan->rank, config.devices.size(), "nan");
+  // An unwritable output is found now, not after the first epoch.
+  if (config.save) check_output_path(*config.save, "checkpoint", "save");
+  if (config.metrics) check_output_path(*config.metrics, "metrics file", "metrics");
+}
+
+}  // namespace mnist_mt
