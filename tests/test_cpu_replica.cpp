@@ -18,6 +18,7 @@
 #include "cpu/replica.hpp"
 #include "golden/fixture.hpp"
 #include "mnist_mt/checkpoint.hpp"
+#include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "model/replica_testing.hpp"

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "mnist_mt/backend.hpp"
+#include "mnist_mt/dataset.hpp"
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/philox.hpp"
 #include "model/replica_testing.hpp"

@@ -7,18 +7,10 @@
 #include <memory>
 #include <vector>
 
+#include "mnist_mt/batch.hpp"
 #include "mnist_mt/dataset.hpp"
 
 namespace mnist_mt {
-
-struct Batch {
-  std::uint32_t epoch = 0;
-  std::uint32_t step = 0;
-  std::uint32_t size = 0;               // samples in this batch (<= capacity)
-  std::vector<std::uint8_t> images;     // capacity * kImageBytes; the first size*kImageBytes are valid
-  std::vector<std::uint8_t> labels;     // capacity
-  std::vector<std::uint32_t> indices;   // capacity; global sample indices into the split
-};
 
 struct LoaderOptions {
   std::uint32_t world = 1;

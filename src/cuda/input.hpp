@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "device.hpp"
-#include "mnist_mt/loader.hpp"
+#include "mnist_mt/batch.hpp"
 
 namespace mnist_mt::cuda {
 
