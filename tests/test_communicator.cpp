@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <thread>
@@ -124,6 +125,34 @@ TEST(Communicator, AllreduceIsBitwiseTheSameWhateverTheBucketing) {
       g.synchronize();
       for (int r = 0; r < world; ++r) EXPECT_TRUE(bitwise_equal(buffers[r], expected)) << "rank " << r;
     }
+  }
+}
+
+// The reduced values' sum of squares (the step's gradient norm): the same bits on every
+// rank, the sum of squares of what the ranks hold afterwards, over every allreduce since
+// the last take, and reset by the take.
+TEST(Communicator, AllreduceKeepsTheResultsSumOfSquaresAlikeOnEveryRank) {
+  for (int world : {1, 2, 3}) {
+    SCOPED_TRACE(testing::Message() << "world " << world);
+    Group g(world);
+    auto buffers = random_buffers(world, 30'011, 5);
+    for (std::size_t begin : {std::size_t{0}, std::size_t{7}, std::size_t{10'000}}) {
+      const std::size_t end = begin == 0 ? 7 : begin == 7 ? 10'000 : 30'011;
+      for (int r = 0; r < world; ++r) g.comms[r]->allreduce(buffers[r].data() + begin, end - begin, ReduceOp::kAverage);
+    }
+    g.synchronize();
+    double plain = 0;
+    for (float v : buffers[0]) plain += double{v} * v;
+    std::vector<double> taken;
+    for (int r = 0; r < world; ++r) taken.push_back(g.comms[r]->take_reduced_squares().value_or(-1));
+    for (int r = 0; r < world; ++r) EXPECT_EQ(taken[r], taken[0]) << "rank " << r;
+    EXPECT_NEAR(taken[0], plain, 1e-12 * plain);
+    for (int r = 0; r < world; ++r) EXPECT_EQ(g.comms[r]->take_reduced_squares(), 0.0) << "rank " << r;
+
+    buffers[world - 1][3] = std::numeric_limits<float>::quiet_NaN();
+    for (int r = 0; r < world; ++r) g.comms[r]->allreduce(buffers[r].data(), 30'011, ReduceOp::kSum);
+    g.synchronize();
+    for (int r = 0; r < world; ++r) EXPECT_TRUE(std::isnan(*g.comms[r]->take_reduced_squares())) << "rank " << r;
   }
 }
 

@@ -4,6 +4,7 @@
 // buffers of that rank and must stay untouched until the comm stream passes the call.
 // Every rank issues the same collectives in the same order.
 #include <cstddef>
+#include <optional>
 #include <span>
 
 namespace mnist_mt {
@@ -23,6 +24,12 @@ class Communicator {
   virtual void barrier() = 0;
   // Host values, synchronous: returns after every rank's values are summed into `data`.
   virtual void allreduce_host(std::span<double> data) = 0;
+
+  // Once the comm stream has drained: the sum of squares of everything allreduce() wrote
+  // since the last call, added in an order fixed by the calls (the same bits on every
+  // rank), and reset; nullopt from a communicator that does not keep it. A step's
+  // gradient norm comes for free from the reduction's own pass this way.
+  virtual std::optional<double> take_reduced_squares() { return std::nullopt; }
 
   // Callable from any thread, any number of times: releases every rank blocked in a
   // collective of this group, now or later; their streams fail with Aborted.

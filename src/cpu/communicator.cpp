@@ -1,6 +1,8 @@
 #include "communicator.hpp"
 
 #include <functional>
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include "host_group.hpp"
@@ -17,7 +19,7 @@ class CpuCommunicator final : public Communicator {
   int size() const override { return group_->size(); }
 
   void allreduce(float* data, std::size_t count, ReduceOp op) override {
-    enqueue([g = group_, r = rank_, data, count, op] { g->allreduce(r, data, count, op); });
+    enqueue([g = group_, r = rank_, data, count, op, sum = squares_] { *sum += g->allreduce(r, data, count, op); });
   }
   void broadcast(float* data, std::size_t count, int root) override {
     enqueue([g = group_, r = rank_, data, count, root] { g->broadcast(r, data, count, root); });
@@ -31,6 +33,8 @@ class CpuCommunicator final : public Communicator {
   void allreduce_host(std::span<double> data) override {
     device_.comm().wait(enqueue([g = group_, r = rank_, data] { g->allreduce_host(r, data); }));
   }
+  // The comm thread adds to it; with the stream drained, the caller reads it.
+  std::optional<double> take_reduced_squares() override { return std::exchange(*squares_, 0.0); }
   void abort() override { group_->abort(); }
 
  private:
@@ -39,6 +43,8 @@ class CpuCommunicator final : public Communicator {
   std::shared_ptr<HostGroup> group_;
   CpuDevice& device_;
   int rank_;
+  // Shared with the queued allreduces, which may run on after a failure left this behind.
+  std::shared_ptr<double> squares_ = std::make_shared<double>(0.0);
 };
 
 }  // namespace

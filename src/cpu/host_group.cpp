@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels.hpp"
 #include "mnist_mt/error.hpp"
 
 namespace mnist_mt::cpu {
@@ -31,10 +32,12 @@ Chunk chunk_of(std::size_t count, int rank, int world) {
 // out[i] = (((in[0][i] + in[1][i]) + in[2][i]) + ...) for i in the chunk, divided by W
 // for an average. The order of additions never depends on the chunk, hence the
 // reproducibility; the block keeps the loop vectorised and lets `out` alias an input.
-void reduce_chunk(std::span<float* const> in, Chunk chunk, float* out, ReduceOp op) {
+// Returns the sum of squares of out's chunk, block by block while the block is in cache.
+double reduce_chunk(std::span<float* const> in, Chunk chunk, float* out, ReduceOp op) {
   constexpr std::size_t kBlock = 1024;
   alignas(64) float acc[kBlock];
   const float world = static_cast<float>(in.size());
+  double squares = 0;
   for (std::size_t b = chunk.begin; b < chunk.begin + chunk.count; b += kBlock) {
     const std::size_t n = std::min(kBlock, chunk.begin + chunk.count - b);
     std::copy_n(in[0] + b, n, acc);
@@ -45,8 +48,10 @@ void reduce_chunk(std::span<float* const> in, Chunk chunk, float* out, ReduceOp 
     if (op == ReduceOp::kAverage) {
       for (std::size_t i = 0; i < n; ++i) acc[i] /= world;
     }
+    squares += sum_of_squares(acc, n);
     std::copy_n(acc, n, out + b);
   }
+  return squares;
 }
 
 }  // namespace
@@ -79,21 +84,28 @@ bool HostGroup::aborted() const {
 }
 
 // Reduce-scatter (rank r sums chunk r of every buffer into its own), then all-gather.
-void HostGroup::allreduce(int rank, float* data, std::size_t count, ReduceOp op) {
+double HostGroup::allreduce(int rank, float* data, std::size_t count, ReduceOp op) {
+  double total = 0;
   collective([&] {
-    if (size_ == 1) return barrier();  // the identity; the barrier still reports an abort
+    if (size_ == 1) {  // the identity; the barrier still reports an abort
+      barrier();
+      total = sum_of_squares(data, count);
+      return;
+    }
     buffers_[rank] = data;
     barrier();
     const Chunk mine = chunk_of(count, rank, size_);
-    reduce_chunk(buffers_, mine, data, op);
+    squares_[rank] = reduce_chunk(buffers_, mine, data, op);
     barrier();
     for (int s = 0; s < size_; ++s) {
+      total += squares_[s];
       if (s == rank) continue;
       const Chunk theirs = chunk_of(count, s, size_);
       copy(data + theirs.begin, buffers_[s] + theirs.begin, theirs.count);
     }
     barrier();  // peers have read our chunk before our buffer may change
   });
+  return total;
 }
 
 void HostGroup::broadcast(int rank, float* data, std::size_t count, int root) {

@@ -19,7 +19,7 @@ namespace mnist_mt::cpu {
 // count or chunking, so results are bitwise reproducible; an average is that sum / W.
 class HostGroup {
  public:
-  explicit HostGroup(int size) : size_(size), buffers_(size), host_buffers_(size) {}
+  explicit HostGroup(int size) : size_(size), buffers_(size), host_buffers_(size), squares_(size) {}
   int size() const { return size_; }
 
   void barrier();
@@ -27,7 +27,9 @@ class HostGroup {
   void abort();
   bool aborted() const;
 
-  void allreduce(int rank, float* data, std::size_t count, ReduceOp op);
+  // Returns the sum of squares of the result, the same bits on every rank: each rank's
+  // chunk summed as it is reduced, the chunks' sums added in rank order.
+  double allreduce(int rank, float* data, std::size_t count, ReduceOp op);
   void broadcast(int rank, float* data, std::size_t count, int root);
   // The result lands in root's buffer only.
   void reduce(int rank, float* data, std::size_t count, ReduceOp op, int root);
@@ -49,6 +51,7 @@ class HostGroup {
   // barrier, read by the others only between the first and the last.
   std::vector<float*> buffers_;
   std::vector<double*> host_buffers_;
+  std::vector<double> squares_;  // allreduce: each rank's chunk's sum of squares, likewise
 };
 
 }  // namespace mnist_mt::cpu
