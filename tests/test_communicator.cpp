@@ -156,6 +156,21 @@ TEST(Communicator, AllreduceKeepsTheResultsSumOfSquaresAlikeOnEveryRank) {
   }
 }
 
+// reduce() keeps its result's sum of squares at the root only.
+TEST(Communicator, ReduceKeepsTheResultsSumOfSquaresAtTheRoot) {
+  for (int world : {1, 2, 3}) {
+    SCOPED_TRACE(testing::Message() << "world " << world);
+    Group g(world);
+    auto buffers = random_buffers(world, 10'007, 6);
+    for (int r = 0; r < world; ++r) g.comms[r]->reduce(buffers[r].data(), 10'007, ReduceOp::kSum, 0);
+    g.synchronize();
+    double plain = 0;
+    for (float v : buffers[0]) plain += double{v} * v;
+    EXPECT_NEAR(*g.comms[0]->take_reduced_squares(), plain, 1e-12 * plain);
+    for (int r = 1; r < world; ++r) EXPECT_EQ(g.comms[r]->take_reduced_squares(), 0.0) << "rank " << r;
+  }
+}
+
 TEST(Communicator, AllreduceFromOneHostThreadPerRank) {
   constexpr int kWorld = 4, kRounds = 50;
   constexpr std::size_t kCount = 3000;

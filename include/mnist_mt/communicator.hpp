@@ -26,9 +26,9 @@ class Communicator {
   virtual void allreduce_host(std::span<double> data) = 0;
 
   // Once the comm stream has drained: the sum of squares of everything allreduce() wrote
-  // since the last call, added in an order fixed by the calls (the same bits on every
-  // rank), and reset; nullopt from a communicator that does not keep it. A step's
-  // gradient norm comes for free from the reduction's own pass this way.
+  // since the last call (and reduce(), at its root), added in an order fixed by the
+  // calls (the same bits on every rank), and reset; nullopt from a communicator that
+  // does not keep it. A step's gradient norm comes from the reduction's own pass this way.
   virtual std::optional<double> take_reduced_squares() { return std::nullopt; }
 
   // Callable from any thread, any number of times: releases every rank blocked in a

@@ -25,7 +25,9 @@ class CpuCommunicator final : public Communicator {
     enqueue([g = group_, r = rank_, data, count, root] { g->broadcast(r, data, count, root); });
   }
   void reduce(float* data, std::size_t count, ReduceOp op, int root) override {
-    enqueue([g = group_, r = rank_, data, count, op, root] { g->reduce(r, data, count, op, root); });
+    enqueue([g = group_, r = rank_, data, count, op, root, sum = squares_] {
+      *sum += g->reduce(r, data, count, op, root);
+    });
   }
   void barrier() override {
     enqueue([g = group_] { g->barrier(); });

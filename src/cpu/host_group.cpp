@@ -117,15 +117,25 @@ void HostGroup::broadcast(int rank, float* data, std::size_t count, int root) {
   });
 }
 
-// Each rank sums its chunk straight into root's buffer.
-void HostGroup::reduce(int rank, float* data, std::size_t count, ReduceOp op, int root) {
+// Each rank sums its chunk straight into root's buffer. Root's result: as allreduce's.
+double HostGroup::reduce(int rank, float* data, std::size_t count, ReduceOp op, int root) {
+  double total = 0;
   collective([&] {
-    if (size_ == 1) return barrier();
+    if (size_ == 1) {
+      barrier();
+      total = sum_of_squares(data, count);
+      return;
+    }
     buffers_[rank] = data;
     barrier();
-    reduce_chunk(buffers_, chunk_of(count, rank, size_), buffers_[root], op);
+    squares_[rank] = reduce_chunk(buffers_, chunk_of(count, rank, size_), buffers_[root], op);
     barrier();
+    // Read before root enters the next collective, the only one that writes squares_ again.
+    if (rank == root) {
+      for (int s = 0; s < size_; ++s) total += squares_[s];
+    }
   });
+  return total;
 }
 
 void HostGroup::allreduce_host(int rank, std::span<double> data) {

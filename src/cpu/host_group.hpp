@@ -31,8 +31,9 @@ class HostGroup {
   // chunk summed as it is reduced, the chunks' sums added in rank order.
   double allreduce(int rank, float* data, std::size_t count, ReduceOp op);
   void broadcast(int rank, float* data, std::size_t count, int root);
-  // The result lands in root's buffer only.
-  void reduce(int rank, float* data, std::size_t count, ReduceOp op, int root);
+  // The result lands in root's buffer only; root gets its sum of squares as allreduce
+  // does, the others 0.
+  double reduce(int rank, float* data, std::size_t count, ReduceOp op, int root);
   // Few values: every rank sums all of them, in rank order.
   void allreduce_host(int rank, std::span<double> data);
 
