@@ -2,7 +2,6 @@
 // stream as soon as backward has written the bucket, while backward goes on; the
 // optimizer waits for all of them.
 #include <array>
-#include <cmath>
 #include <optional>
 #include <string>
 #include <thread>
@@ -147,20 +146,13 @@ class DdpWorker {
 
     run_.beat(rank_, step_, Phase::kOptimizer);
     device_.compute_wait_comm();
-    const bool apply = run_.apply_update(rank_, stats.loss_sum, grad_norm());
+    const bool apply = run_.apply_update(rank_, stats.loss_sum, reduced_grad_norm(comm_, *replica_));
     if (apply) replica_->sgd_step(run_.config.sgd);
     if (!clean.empty()) run_.undo_nan(apply, clean, *replica_);
     device_.wait_compute();
     phase.optimizer += clock.lap();
     if (!apply) return std::nullopt;
     return stats;
-  }
-
-  // The norm of the step's reduced gradients, with the comm stream drained: from the
-  // communicator's reduction pass where it keeps one, else a pass of the replica's own.
-  double grad_norm() {
-    const std::optional<double> squares = comm_.take_reduced_squares();
-    return squares ? std::sqrt(*squares) : replica_->grad_norm();
   }
 
   // This rank's shard of the test set; the caller sums the ranks' stats.

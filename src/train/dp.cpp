@@ -2,9 +2,8 @@
 // device. Each step: broadcast the parameters from device 0, scatter the global batch,
 // forward everywhere with the loss over the global batch, backward everywhere, reduce
 // the gradients to device 0 and update there. Nothing overlaps; it is the yardstick.
-#include <optional>
-#include <cmath>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "mnist_mt/error.hpp"
@@ -160,10 +159,7 @@ class DpLoop {
     phase.comm_wait += clock.lap();
 
     on(0).compute_wait_comm();
-    // The norm from the reduction's own pass where the communicator keeps it.
-    const std::optional<double> squares = run_.comms[0]->take_reduced_squares();
-    const double norm = squares ? std::sqrt(*squares) : replicas_[0]->grad_norm();
-    const bool apply = run_.apply_update(0, stats.loss_sum, norm);
+    const bool apply = run_.apply_update(0, stats.loss_sum, reduced_grad_norm(*run_.comms[0], *replicas_[0]));
     if (apply) replicas_[0]->sgd_step(run_.config.sgd);
     for (int d = 0; d < world; ++d) {
       if (!clean[d].empty()) run_.undo_nan(apply, clean[d], *replicas_[d]);

@@ -313,6 +313,11 @@ void set_results(EpochMetrics& m, const StepStats& train, const StepStats& test)
   m.test_accuracy = test.correct / test.samples;
 }
 
+double reduced_grad_norm(Communicator& comm, Replica& replica) {
+  const std::optional<double> squares = comm.take_reduced_squares();
+  return squares ? std::sqrt(*squares) : replica.grad_norm();
+}
+
 void drain(Device& device) noexcept {
   try {
     device.synchronize();

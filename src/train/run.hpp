@@ -131,6 +131,10 @@ inline StepStats& operator+=(StepStats& a, const StepStats& b) {
 // rank (NaN test figures when nothing was evaluated).
 void set_results(EpochMetrics& m, const StepStats& train, const StepStats& test);
 
+// The norm of a step's reduced gradients, once the comm stream has drained: from the
+// communicator's reduction pass where it keeps one, else a pass of the replica's own.
+double reduced_grad_norm(Communicator& comm, Replica& replica);
+
 // Waits for the device's streams to drain and swallows their errors: the failure
 // has been recorded, and no queued work may outlive the buffers it uses.
 void drain(Device& device) noexcept;
