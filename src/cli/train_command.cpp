@@ -1,4 +1,5 @@
 #include <iostream>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -11,26 +12,28 @@
 namespace mnist_mt::cli {
 namespace {
 
+// "RANK:STEP", or nothing.
+std::optional<std::pair<int, std::uint64_t>> rank_step(std::string_view text) {
+  const std::size_t colon = text.find(':');
+  if (colon == std::string_view::npos) return std::nullopt;
+  const auto rank = whole_number<int>(text.substr(0, colon));
+  const auto step = whole_number<std::uint64_t>(text.substr(colon + 1));
+  if (!rank || !step) return std::nullopt;
+  return std::pair{*rank, *step};
+}
+
 // RANK:STEP of --inject-fault and --inject-nan.
 std::pair<int, std::uint64_t> parse_rank_step(const std::string& spec, const std::string& flag) {
-  const std::size_t colon = spec.find(':');
-  const auto rank = whole_number<int>(std::string_view(spec).substr(0, colon));
-  const auto step =
-      colon == std::string::npos ? std::nullopt : whole_number<std::uint64_t>(std::string_view(spec).substr(colon + 1));
-  if (!rank || !step) throw InputError(flag + ": expected RANK:STEP, got '" + spec + "'");
-  return {*rank, *step};
+  const auto at = rank_step(spec);
+  if (!at) throw InputError(flag + ": expected RANK:STEP, got '" + spec + "'");
+  return *at;
 }
 
 StallInjection parse_stall(const std::string& spec) {
-  const std::size_t first = spec.find(':');
-  const std::size_t second = first == std::string::npos ? first : spec.find(':', first + 1);
+  const std::size_t last = spec.rfind(':');
   const std::string_view text(spec);
-  const auto rank = whole_number<int>(text.substr(0, first));
-  const auto step = second == std::string::npos
-                        ? std::nullopt
-                        : whole_number<std::uint64_t>(text.substr(first + 1, second - first - 1));
-  const std::string_view phase = second == std::string::npos ? "" : text.substr(second + 1);
-  const std::string usage = "--inject-stall: expected RANK:STEP:data|compute|collective, got '" + spec + "'";
+  auto at = last == std::string::npos ? std::nullopt : rank_step(text.substr(0, last));
+  const std::string_view phase = last == std::string::npos ? "" : text.substr(last + 1);
   StallInjection stall;
   if (phase == "data") {
     stall.phase = StallPhase::kData;
@@ -39,11 +42,11 @@ StallInjection parse_stall(const std::string& spec) {
   } else if (phase == "collective") {
     stall.phase = StallPhase::kCollective;
   } else {
-    throw InputError(usage);
+    at.reset();
   }
-  if (!rank || !step) throw InputError(usage);
-  stall.rank = *rank;
-  stall.step = *step;
+  if (!at) throw InputError("--inject-stall: expected RANK:STEP:data|compute|collective, got '" + spec + "'");
+  stall.rank = at->first;
+  stall.step = at->second;
   return stall;
 }
 

@@ -113,7 +113,7 @@ class DdpWorker {
 
     run_.beat(rank_, step_, Phase::kForward);
     run_.inject_stall(rank_, step_, StallPhase::kCompute);
-    const std::vector<float> clean = run_.inject_nan(rank_, step_, *replica_);
+    run_.inject_nan(rank_, step_, *replica_);
     replica_->set_input(*batch);
     replica_->forward(true, key, batch->size);
     device_.wait_compute();
@@ -148,7 +148,7 @@ class DdpWorker {
     device_.compute_wait_comm();
     const bool apply = run_.apply_update(rank_, stats.loss_sum, reduced_grad_norm(comm_, *replica_));
     if (apply) replica_->sgd_step(run_.config.sgd);
-    if (!clean.empty()) run_.undo_nan(apply, clean, *replica_);
+    run_.undo_nan(rank_, step_, apply, *replica_);
     device_.wait_compute();
     phase.optimizer += clock.lap();
     if (!apply) return std::nullopt;

@@ -130,10 +130,9 @@ class DpLoop {
 
     run_.beat(0, step_, Phase::kForward);
     StepStats stats;
-    std::vector<std::vector<float>> clean(world);
     for (int d = 0; d < world; ++d) {
       on(d);
-      clean[d] = run_.inject_nan(d, step_, *replicas_[d]);
+      run_.inject_nan(d, step_, *replicas_[d]);
       replicas_[d]->set_input(*batches[d]);
       replicas_[d]->forward(true, key, global);
     }
@@ -161,9 +160,7 @@ class DpLoop {
     on(0).compute_wait_comm();
     const bool apply = run_.apply_update(0, stats.loss_sum, reduced_grad_norm(*run_.comms[0], *replicas_[0]));
     if (apply) replicas_[0]->sgd_step(run_.config.sgd);
-    for (int d = 0; d < world; ++d) {
-      if (!clean[d].empty()) run_.undo_nan(apply, clean[d], *replicas_[d]);
-    }
+    for (int d = 0; d < world; ++d) run_.undo_nan(d, step_, apply, *replicas_[d]);
     on(0).wait_compute();
     phase.optimizer += clock.lap();
     if (!apply) return std::nullopt;

@@ -71,6 +71,12 @@ std::uint64_t peak_rss_bytes() {
   return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+// Whether the test-only NaN injection is at `rank`'s step `step`.
+bool nan_at(const TrainConfig& config, int rank, std::uint64_t step) {
+  const std::optional<NanInjection>& nan = TrainerTesting::hooks(config).nan;
+  return nan && nan->rank == rank && nan->step == step;
+}
+
 bool is_aborted(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -178,22 +184,21 @@ void Run::inject_fault(int rank, std::uint64_t step) const {
   }
 }
 
-std::vector<float> Run::inject_nan(int rank, std::uint64_t step, Replica& replica) const {
-  const std::optional<NanInjection>& nan = TrainerTesting::hooks(config).nan;
-  if (!nan || nan->rank != rank || nan->step != step) return {};
-  std::vector<float> clean(kParamCount);
-  replica.read_params(clean);
-  std::vector<float> poisoned = clean;
+void Run::inject_nan(int rank, std::uint64_t step, Replica& replica) {
+  if (!nan_at(config, rank, step)) return;
+  nan_clean_.resize(kParamCount);
+  replica.read_params(nan_clean_);
+  std::vector<float> poisoned = nan_clean_;
   // fc2's last bias: a NaN logit in every row, so a NaN loss and NaN gradients (earlier, a
   // ReLU's max(x, 0) may turn a NaN into 0).
   poisoned.back() = std::numeric_limits<float>::quiet_NaN();
   replica.write_params(poisoned);
-  return clean;
 }
 
-void Run::undo_nan(bool applied, std::span<const float> clean, Replica& replica) {
+void Run::undo_nan(int rank, std::uint64_t step, bool applied, Replica& replica) {
+  if (!nan_at(config, rank, step)) return;
   if (applied) throw RuntimeFailure("the injected NaN did not reach the gradients");
-  replica.write_params(clean);
+  replica.write_params(nan_clean_);
 }
 
 void Run::check_loss(double loss_sum) const {
@@ -288,15 +293,11 @@ void Run::rethrow_failure() const {
   const auto root =
       std::find_if(failures_.begin(), failures_.end(), [](const Failure& f) { return !is_aborted(f.error); });
   const Failure& f = root != failures_.end() ? *root : failures_.front();
+  const std::string where = "rank " + std::to_string(f.rank) + " failed at step " + std::to_string(f.step) + ": ";
   try {
     std::rethrow_exception(f.error);
   } catch (const Interrupted&) {
     throw;
-  } catch (...) {
-  }
-  const std::string where = "rank " + std::to_string(f.rank) + " failed at step " + std::to_string(f.step) + ": ";
-  try {
-    std::rethrow_exception(f.error);
   } catch (const InputError& e) {
     throw InputError(where + e.what());
   } catch (const std::exception& e) {

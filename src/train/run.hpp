@@ -10,7 +10,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <span>
 #include <vector>
 
 #include "metrics.hpp"
@@ -48,11 +47,10 @@ class Run {
   // run has failed) when `rank` reaches `phase` of the injected stall's step.
   void inject_stall(int rank, std::uint64_t step, StallPhase phase) const;
   // Test hook: when `rank` starts the injected NaN's step, one of its replica's
-  // parameters turns NaN (and so its loss and gradients); returns the parameters as they
-  // were, for the step's end to write back. Empty when nothing is injected.
-  std::vector<float> inject_nan(int rank, std::uint64_t step, Replica& replica) const;
-  // At the poisoned step's end: writes `clean` back; the update must have been dropped.
-  static void undo_nan(bool applied, std::span<const float> clean, Replica& replica);
+  // parameters turns NaN (and so its loss and gradients) until undo_nan() at the step's
+  // end writes them back as they were; that step's update must have been dropped.
+  void inject_nan(int rank, std::uint64_t step, Replica& replica);
+  void undo_nan(int rank, std::uint64_t step, bool applied, Replica& replica);
   // After forward: a non-finite loss fails the run under --on-nan stop; under skip the
   // step goes on, its reduced gradients decide.
   void check_loss(double loss_sum) const;
@@ -111,6 +109,7 @@ class Run {
 
   std::optional<MetricsFile> metrics_;
   Saver saver_;
+  std::vector<float> nan_clean_;  // the injected NaN's rank's parameters before it (that rank's thread only)
   std::atomic<std::uint64_t> stop_at_{std::numeric_limits<std::uint64_t>::max()};
   std::atomic<bool> failed_{false};
   mutable std::mutex failures_mutex_;  // guards failures_ and ready_
