@@ -21,7 +21,7 @@ TEST(Cli, HelpListsTheFlagsButNotTheTestHook) {
   EXPECT_EQ(o.exit_code, 0);
   for (const char* flag : {"--cpu", "--gpus", "--mode", "--epochs", "--batch-size", "--lr", "--momentum",
                            "--weight-decay", "--seed", "--bucket-mb", "--data", "--save", "--load", "--metrics",
-                           "--save-every", "--keep", "--timeout", "--on-nan"}) {
+                           "--save-every", "--keep", "--timeout", "--on-nan", "--trace", "--trace-steps"}) {
     EXPECT_NE(o.out.find(flag), std::string::npos) << flag;
   }
   EXPECT_EQ(o.out.find("--inject-fault"), std::string::npos);
@@ -69,6 +69,10 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
       {{"--save", scratch_dir().string()}, "--save"},
       {{"--metrics", (scratch_dir() / "no-such-dir" / "metrics.json").string()}, "--metrics"},
       {{"--metrics", scratch_dir().string()}, "--metrics"},
+      {{"--trace", (scratch_dir() / "no-such-dir" / "trace.json").string()}, "--trace"},
+      {{"--trace", scratch_dir().string()}, "--trace"},
+      {{"--trace", (scratch_dir() / "trace.json").string(), "--mode", "dp"}, "--trace"},
+      {{"--trace-steps", "0"}, "--trace-steps"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = c.args;

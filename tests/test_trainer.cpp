@@ -9,10 +9,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "mnist_mt/error.hpp"
@@ -178,9 +181,17 @@ TEST(Trainer, MetricsFileHasALinePerEpochWithTheKeys) {
     EXPECT_GE(accuracy, 0.0);
     EXPECT_LE(accuracy, 1.0);
     EXPECT_GT(j.at("images_per_s").get<double>(), 0.0);
+    // Device phases, from marks on the streams: within the epoch's time, and measured.
+    double phases = 0;
     for (const char* key : {"data_wait", "forward", "backward", "comm_wait", "optimizer"}) {
-      EXPECT_GE(j.at("phase_seconds").at(key).get<double>(), 0.0) << key;
+      const double seconds = j.at("phase_seconds").at(key).get<double>();
+      EXPECT_GE(seconds, 0.0) << key;
+      phases += seconds;
     }
+    for (const char* key : {"forward", "backward", "optimizer"}) {
+      EXPECT_GT(j.at("phase_seconds").at(key).get<double>(), 0.0) << key;
+    }
+    EXPECT_LE(phases, j.at("seconds").get<double>());
   }
   EXPECT_EQ(lines, 2);
   std::filesystem::remove(path);
@@ -189,6 +200,63 @@ TEST(Trainer, MetricsFileHasALinePerEpochWithTheKeys) {
   EXPECT_NE(progress.str().find("epoch 1 step 4/4"), std::string::npos) << progress.str();
   EXPECT_NE(progress.str().find("epoch 2: train loss"), std::string::npos) << progress.str();
   EXPECT_NE(progress.str().find("test accuracy"), std::string::npos) << progress.str();
+}
+
+// --trace: per rank, every phase of every traced step on its lane, each bucket's
+// allreduce on the comm stream, and the first bucket's allreduce under backward.
+TEST(Trainer, TraceShowsEveryPhaseOfEveryRankAndTheFirstAllreduceUnderBackward) {
+  const auto path =
+      std::filesystem::temp_directory_path() / ("mnist_mt_trace_" + std::to_string(::getpid()) + ".json");
+  constexpr int kWorld = 2, kTraced = 5;
+  TrainConfig c = config_for(kWorld, 8);
+  c.max_steps = 12;
+  c.trace = path;
+  c.trace_steps = kTraced;
+  run(c);
+  std::ifstream in(path);
+  const auto trace = nlohmann::json::parse(in);
+  std::filesystem::remove(path);
+  struct Span {
+    double begin = -1, end = -1;
+    int tid = -1;
+  };
+  // (rank, step, name) -> span; allreduces are named by bucket.
+  std::map<std::tuple<int, int, std::string>, Span> spans;
+  std::set<int> named;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") == "M") {
+      if (e.at("name") == "process_name") named.insert(e.at("pid").get<int>());
+      continue;
+    }
+    ASSERT_EQ(e.at("ph"), "X");
+    std::string name = e.at("name").get<std::string>();
+    if (e.at("args").contains("bucket")) name += " " + std::to_string(e.at("args").at("bucket").get<int>());
+    const auto key = std::make_tuple(e.at("pid").get<int>(), e.at("args").at("step").get<int>(), name);
+    const double ts = e.at("ts").get<double>();
+    EXPECT_EQ(spans.count(key), 0u) << name;
+    spans[key] = {ts, ts + e.at("dur").get<double>(), e.at("tid").get<int>()};
+  }
+  EXPECT_EQ(named, (std::set<int>{0, 1}));
+  const auto count = [&](int rank, int step, const std::string& name) { return spans.count({rank, step, name}); };
+  const auto span = [&](int rank, int step, const std::string& name) { return spans[{rank, step, name}]; };
+  const auto buckets = static_cast<int>(make_buckets(c.bucket_mb).size());
+  for (int rank = 0; rank < kWorld; ++rank) {
+    for (int step = 0; step < kTraced; ++step) {
+      SCOPED_TRACE(testing::Message() << "rank " << rank << " step " << step);
+      for (const char* phase : {"data wait", "forward", "backward", "comm wait", "optimizer"})
+        EXPECT_EQ(count(rank, step, phase), 1u) << phase;
+      for (int b = 0; b < buckets; ++b)
+        EXPECT_EQ(count(rank, step, "allreduce " + std::to_string(b)), 1u) << b;
+      const Span backward = span(rank, step, "backward");
+      const Span first = span(rank, step, "allreduce 0");
+      EXPECT_EQ(backward.tid, 0);
+      EXPECT_EQ(first.tid, 1);
+      EXPECT_GE(first.begin, backward.begin);
+      EXPECT_LT(first.begin, backward.end) << "the first bucket's allreduce waited for all of backward";
+      EXPECT_LE(span(rank, step, "forward").end, backward.begin + 1e-3);
+    }
+    EXPECT_EQ(count(rank, kTraced, "forward"), 0u) << "steps past --trace-steps";
+  }
 }
 
 // Stopping after an epoch and resuming from the checkpoint trains what one run does.

@@ -3,9 +3,20 @@
 // stream (DESIGN.md decisions 1 and 2). Replicas enqueue on the compute stream,
 // communicators on the comm stream; these calls order one against the other, as CUDA
 // events do, without blocking the host.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 
 namespace mnist_mt {
+
+enum class Lane { kCompute, kComm };
+
+// A moment in a stream's work, recorded by Device::mark().
+struct TimeMark {
+  Lane lane = Lane::kCompute;
+  std::uint64_t id = 0;
+};
 
 class Device {
  public:
@@ -26,6 +37,19 @@ class Device {
   // rethrows the compute stream's first error. The trainer times its phases with it.
   virtual void wait_compute() { synchronize(); }
   virtual std::string name() const = 0;  // "cpu:0", "cuda:1"
+
+  // Enqueues on `lane` a record of the moment the device gets there (a CUDA event; the
+  // stream thread's clock on CPU devices) and returns at once. Phases are timed this way,
+  // and read later, so that a step never waits for the device to time itself.
+  virtual TimeMark mark(Lane lane) = 0;
+  // When the device passed `mark`, in seconds of the host's steady clock; nullopt while it
+  // has not (never waits). Only the last kMarks marks of a device can be read. On GPUs it
+  // is measured from the device's creation in float milliseconds: microseconds early on,
+  // coarser hours later; durations come from elapsed().
+  virtual std::optional<double> mark_time(const TimeMark& mark) = 0;
+  // Seconds from `from` to `to`, once the device has passed both; nullopt before.
+  virtual std::optional<double> elapsed(const TimeMark& from, const TimeMark& to) = 0;
+  static constexpr std::size_t kMarks = 1024;
 };
 
 }  // namespace mnist_mt

@@ -4,6 +4,7 @@
 // calls wait for the device.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 
 #include "mnist_mt/batch.hpp"
@@ -22,11 +23,35 @@ struct DropoutKey {
   std::uint32_t epoch = 0;
 };
 
-// Sums over the samples of the forward passes since the last take_stats().
+// A training step whose update guarded_sgd_step() dropped: its loss (this replica's) and
+// its gradients' norm, one of them non-finite.
+struct NonFiniteStep {
+  std::uint64_t step = 0;
+  double loss_sum = 0;
+  double grad_norm = 0;
+};
+
+// Sums over the samples of the forward passes since the last snapshot, less those of the
+// steps whose update was dropped.
 struct StepStats {
   double loss_sum = 0;   // sum of per-sample NLL
   double correct = 0;    // samples whose argmax equals the label
   double samples = 0;
+  std::uint64_t skipped = 0;                // updates guarded_sgd_step() dropped
+  std::optional<NonFiniteStep> non_finite;  // the first of them
+};
+
+// What guarded_sgd_step() checks before it updates.
+struct UpdateGuard {
+  std::uint64_t step = 0;  // the global step, recorded when it is dropped
+  // A dropped update halts the replica: every later guarded update is dropped too (the
+  // run stops at the next snapshot the host reads), so the model stays the last good one.
+  bool halt = true;
+  // The sum of squares of the reduced gradients when the communicator kept it (see
+  // Communicator::take_reduced_squares), else nullopt and the replica sums them itself.
+  // Called once per update, where the update runs: on CPU devices on the compute
+  // stream's thread, after the wait for the comm stream.
+  std::function<std::optional<double>()> reduced_squares;
 };
 
 class Replica {
@@ -54,6 +79,12 @@ class Replica {
   // PyTorch's SGD: g += wd*p; buf = momentum*buf + g (buf = g on the first step);
   // p -= lr*buf.
   virtual void sgd_step(const SgdOptions& options) = 0;
+  // sgd_step() on the device's own decision, without the host waiting: applied when the
+  // gradients' 2-norm and the loss of the training forward since the last update are
+  // finite; otherwise dropped (momentum untouched, that forward's stats left out, the
+  // step counted in StepStats::skipped and recorded in non_finite), and every later one
+  // too when the guard halts and once the replica has halted.
+  virtual void guarded_sgd_step(const SgdOptions& options, const UpdateGuard& guard) = 0;
 
   // Flat device buffers of kParamCount floats in state-dict order.
   virtual float* params() = 0;
@@ -67,8 +98,15 @@ class Replica {
   // The 2-norm of grads(), synchronous: non-finite when any gradient is. Once the
   // gradients are reduced every rank holds the same bits, and so gets the same norm.
   virtual double grad_norm() = 0;
-  // Waits for the device, returns the stats since the last call and resets them.
-  virtual StepStats take_stats() = 0;
+  // Enqueues a copy of the stats since the last snapshot, resetting them, and returns
+  // its handle at once. At most kSnapshots may be unread.
+  virtual std::uint64_t snapshot_stats() = 0;
+  // Snapshot `handle`'s stats once the device has made it: nullopt before, unless `wait`.
+  // Each snapshot is read once.
+  virtual std::optional<StepStats> read_stats(std::uint64_t handle, bool wait) = 0;
+  static constexpr std::uint64_t kSnapshots = 4;
+  // Waits for the device, returns the stats since the last snapshot and resets them.
+  StepStats take_stats() { return *read_stats(snapshot_stats(), true); }
   // Log-probabilities of the last forward pass, batch x 10, synchronous (eval
   // confusion matrices, predict, tests).
   virtual void read_logprobs(std::span<float> out) = 0;

@@ -63,6 +63,9 @@ struct TrainConfig {
   double timeout_s = 600;          // a rank without progress for this long fails the run; 0: never
   StopRequest* stop = nullptr;
   std::optional<std::filesystem::path> metrics;
+  // A Chrome trace-event JSON of the first trace_steps steps (DDP), written at the end.
+  std::optional<std::filesystem::path> trace;
+  std::uint32_t trace_steps = 20;
   std::uint32_t max_steps = 0;     // per epoch, 0 = all (tests and benchmarks)
   bool evaluate = true;
   std::ostream* progress = nullptr;  // rank 0's progress lines and epoch summaries

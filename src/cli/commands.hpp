@@ -30,6 +30,8 @@ struct TrainFlags {
   std::string on_nan = "stop";
   std::optional<std::string> load;
   std::optional<std::string> metrics;
+  std::optional<std::string> trace;
+  std::int64_t trace_steps = 20;
   std::int64_t max_steps = 0;
   std::optional<std::string> inject_fault;
   std::optional<std::string> inject_stall;

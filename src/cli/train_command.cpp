@@ -56,7 +56,8 @@ const FlagNames kTrainFlags = {
     {"sgd.weight_decay", "--weight-decay"}, {"bucket_mb", "--bucket-mb"}, {"timeout_s", "--timeout"},
     {"keep", "--keep"},             {"save_every", "--save-every"}, {"save", "--save"},
     {"metrics", "--metrics"},       {"load", "--load"},         {"fault", "--inject-fault"},
-    {"stall", "--inject-stall"},    {"nan", "--inject-nan"},
+    {"stall", "--inject-stall"},    {"nan", "--inject-nan"},    {"trace", "--trace"},
+    {"trace_steps", "--trace-steps"},
 };
 
 // A run stopped by a signal: where its checkpoint is, and how to go on.
@@ -97,6 +98,9 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       ->capture_default_str();
   app.add_option("--load", f.load, "Start from this checkpoint (weights, momentum, epoch, step, seed)");
   app.add_option("--metrics", f.metrics, "Write one JSON line per epoch to this file");
+  app.add_option("--trace", f.trace,
+                 "Write a Chrome trace-event JSON (chrome://tracing, Perfetto) of the first steps to this file (ddp)");
+  app.add_option("--trace-steps", f.trace_steps, "Steps that --trace records")->capture_default_str();
   app.add_option("--max-steps", f.max_steps, "Stop each epoch after this many steps (0: the whole epoch)")
       ->capture_default_str();
   // Tests only, kept out of --help: rank RANK throws at global step STEP.
@@ -122,6 +126,8 @@ int run_train(const TrainFlags& f, StopRequest& stop) {
   if (f.save) config.save = *f.save;
   if (f.load) config.load = *f.load;
   if (f.metrics) config.metrics = *f.metrics;
+  if (f.trace) config.trace = *f.trace;
+  config.trace_steps = count_flag(f.trace_steps, 1, "--trace-steps");
   config.on_nan = f.on_nan == "skip" ? NanPolicy::kSkip : NanPolicy::kStop;
   if (f.inject_fault) {
     const auto [rank, step] = parse_rank_step(*f.inject_fault, "--inject-fault");

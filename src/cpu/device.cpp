@@ -4,6 +4,8 @@
 #include <pmmintrin.h>
 #include <xmmintrin.h>
 
+#include <chrono>
+
 namespace mnist_mt::cpu {
 
 CpuDevice::CpuDevice(int id)
@@ -25,6 +27,27 @@ CpuDevice::~CpuDevice() {
     compute_.synchronize();
   } catch (...) {  // the error was the work's, reported to whoever waited for it
   }
+}
+
+TimeMark CpuDevice::mark(Lane which) {
+  const TimeMark m{which, marks_++};
+  const std::size_t slot = m.id % kMarks;
+  mark_tickets_[slot] = lane(which).enqueue([this, slot] {
+    mark_seconds_[slot] = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  });
+  return m;
+}
+
+std::optional<double> CpuDevice::mark_time(const TimeMark& m) {
+  const std::size_t slot = m.id % kMarks;
+  if (!lane(m.lane).passed(mark_tickets_[slot])) return std::nullopt;
+  return mark_seconds_[slot];
+}
+
+std::optional<double> CpuDevice::elapsed(const TimeMark& from, const TimeMark& to) {
+  const std::optional<double> a = mark_time(from), b = mark_time(to);
+  if (!a || !b) return std::nullopt;
+  return *b - *a;
 }
 
 void CpuDevice::synchronize() {

@@ -1,4 +1,5 @@
 #pragma once
+#include <array>
 #include <string>
 
 #include "mnist_mt/device.hpp"
@@ -20,13 +21,23 @@ class CpuDevice final : public Device {
   void synchronize() override;
   void wait_compute() override { compute_.synchronize(); }
   std::string name() const override { return "cpu:" + std::to_string(id_); }
+  TimeMark mark(Lane lane) override;
+  std::optional<double> mark_time(const TimeMark& mark) override;
+  std::optional<double> elapsed(const TimeMark& from, const TimeMark& to) override;
 
   Stream& compute() { return compute_; }
   Stream& comm() { return comm_; }
   int id() const { return id_; }
 
  private:
+  Stream& lane(Lane lane) { return lane == Lane::kCompute ? compute_ : comm_; }
+
   int id_;
+  // Slot id % kMarks: the mark's ticket (host side) and the moment its task ran (written on
+  // the stream's thread, read once the ticket has passed).
+  std::array<std::uint64_t, kMarks> mark_tickets_{};
+  std::array<double, kMarks> mark_seconds_{};
+  std::uint64_t marks_ = 0;
   Stream compute_;
   Stream comm_;
 };

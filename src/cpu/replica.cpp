@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "conv1.hpp"
@@ -146,11 +147,23 @@ class CpuReplicaImpl final : public CpuReplica {
   }
 
   void sgd_step(const SgdOptions& options) override {
-    device_.compute().enqueue([this, options] {
-      timed(kSgdOp, [&] {
-        sgd_update(params_.get(), grads_.get(), momentum_.get(), kParamCount, options, !momentum_valid_);
-      });
-      momentum_valid_ = true;
+    device_.compute().enqueue([this, options] { update(options); });
+  }
+
+  void guarded_sgd_step(const SgdOptions& options, const UpdateGuard& guard) override {
+    device_.compute().enqueue([this, options, guard] {
+      const std::optional<double> reduced = guard.reduced_squares ? guard.reduced_squares() : std::nullopt;
+      const double norm = std::sqrt(reduced ? *reduced : sum_of_squares(grads_.get(), kParamCount));
+      if (!halted_ && std::isfinite(norm) && std::isfinite(pending_.loss_sum)) {
+        commit_pending();
+        update(options);
+        return;
+      }
+      ++sums_.skipped;
+      // A halted replica's later steps are dropped whatever they hold.
+      if (!halted_ && !sums_.non_finite) sums_.non_finite = NonFiniteStep{guard.step, pending_.loss_sum, norm};
+      pending_ = {};
+      halted_ = halted_ || guard.halt;
     });
   }
 
@@ -180,14 +193,24 @@ class CpuReplicaImpl final : public CpuReplica {
     run_sync([&] { std::memcpy(out.data(), buffers_.logp.get(), count * sizeof(float)); });
   }
 
-  StepStats take_stats() override {
-    StepStats stats;
-    run_sync([&] {
-      stats = {sums_.loss, sums_.correct, samples_};
-      sums_ = {};
-      samples_ = 0;
+  std::uint64_t snapshot_stats() override {
+    const std::uint64_t handle = snapshots_taken_++;
+    const std::size_t slot = handle % kSnapshots;
+    snapshot_tickets_[slot] = device_.compute().enqueue([this, slot] {
+      commit_pending();
+      snapshots_[slot] = std::exchange(sums_, StepStats{});
     });
-    return stats;
+    return handle;
+  }
+
+  std::optional<StepStats> read_stats(std::uint64_t handle, bool wait) override {
+    if (handle >= snapshots_taken_ || handle + kSnapshots <= snapshots_taken_)
+      throw RuntimeFailure(device_.name() + ": read_stats of snapshot " + std::to_string(handle) + ", not held");
+    const std::size_t slot = handle % kSnapshots;
+    Stream& compute = device_.compute();
+    if (!wait && !compute.passed(snapshot_tickets_[slot])) return std::nullopt;
+    compute.wait(snapshot_tickets_[slot]);  // rethrows the stream's error
+    return snapshots_[slot];
   }
 
   std::vector<KernelInfo> kernels(std::uint32_t batch) override {
@@ -243,6 +266,20 @@ class CpuReplicaImpl final : public CpuReplica {
                     << plan.batch << " with a reference implementation (" << plan.impl[op]
                     << "); training will be slow on this CPU\n";
         });
+  }
+
+  // Compute thread: SGD, and the stats of the forward passes since the last update.
+  void update(const SgdOptions& options) {
+    timed(kSgdOp, [&] {
+      sgd_update(params_.get(), grads_.get(), momentum_.get(), kParamCount, options, !momentum_valid_);
+    });
+    momentum_valid_ = true;
+  }
+  void commit_pending() {
+    sums_.loss_sum += pending_.loss_sum;
+    sums_.correct += pending_.correct;
+    sums_.samples += pending_.samples;
+    pending_ = {};
   }
 
   template <class F>
@@ -304,11 +341,14 @@ class CpuReplicaImpl final : public CpuReplica {
       run(plan.fc2, stream_);
       stream_.wait();
     });
+    LossSums sums;
     timed(kLossOp, [&] {
       log_softmax_nll(buffers_.logits.get(), buffers_.labels.get(), n, loss_denominator, buffers_.logp.get(),
-                      buffers_.dlogits.get(), sums_);
+                      buffers_.dlogits.get(), sums);
     });
-    samples_ += n;
+    pending_.loss_sum += sums.loss;
+    pending_.correct += sums.correct;
+    pending_.samples += n;
   }
 
   CpuDevice& device_;
@@ -331,8 +371,14 @@ class CpuReplicaImpl final : public CpuReplica {
   // Compute-stream side.
   bool momentum_valid_ = false;  // false until the first step: buf = g then
   float scale0_ = 1.0f, scale1_ = 1.0f;  // dropout scales of the last forward
-  LossSums sums_;
-  double samples_ = 0;
+  StepStats sums_;     // committed: the forwards of updated steps, and evaluation's
+  StepStats pending_;  // the forwards since the last update, until it is applied or dropped
+  bool halted_ = false;
+  std::array<StepStats, kSnapshots> snapshots_;
+
+  // Host side: the snapshots' tickets.
+  std::array<std::uint64_t, kSnapshots> snapshot_tickets_{};
+  std::uint64_t snapshots_taken_ = 0;
   std::array<double, kOpCount> seconds_{};
 };
 

@@ -34,6 +34,11 @@ std::uint64_t Stream::ticket() const {
   return enqueued_;
 }
 
+bool Stream::passed(std::uint64_t ticket) const {
+  std::lock_guard lock(mutex_);
+  return completed_ >= ticket;
+}
+
 std::exception_ptr Stream::wait_quiet(std::uint64_t ticket) {
   std::unique_lock lock(mutex_);
   done_cv_.wait(lock, [&] { return completed_ >= ticket; });

@@ -32,6 +32,8 @@ class Stream {
   // `other` fails this stream too.
   void enqueue_wait(Stream& other, std::uint64_t ticket);
   void synchronize() { wait(ticket()); }
+  // Whether task `ticket` has completed; never blocks.
+  bool passed(std::uint64_t ticket) const;
   // As wait(), without rethrowing: returns the stream's first error, if any.
   std::exception_ptr wait_quiet(std::uint64_t ticket);
   const std::string& name() const { return name_; }

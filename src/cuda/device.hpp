@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "mnist_mt/device.hpp"
 #include "owners.hpp"
@@ -27,6 +28,9 @@ class CudaDevice final : public Device {
   void synchronize() override;
   void wait_compute() override;
   std::string name() const override { return "cuda:" + std::to_string(id_); }
+  TimeMark mark(Lane lane) override;
+  std::optional<double> mark_time(const TimeMark& mark) override;
+  std::optional<double> elapsed(const TimeMark& from, const TimeMark& to) override;
 
   int id() const { return id_; }
   cudaStream_t compute() const { return compute_.get(); }
@@ -46,6 +50,8 @@ class CudaDevice final : public Device {
   // cudaStreamSynchronize, so that a collective that can never finish (a peer failed, or
   // NCCL reported an error) ends the wait with an error instead of holding it forever.
   void wait_stream(cudaStream_t stream) const;
+  // As wait_stream(), until the device has passed `event`.
+  void wait_event(cudaEvent_t event) const;
 
  private:
   int id_;
@@ -54,8 +60,18 @@ class CudaDevice final : public Device {
   StreamOwner copy_;
   EventOwner compute_mark_;
   EventOwner comm_mark_;
+  // Device::mark(): a ring of timing events, and the origin they are measured from, with
+  // the host clock's reading when the device passed it.
+  std::vector<EventOwner> marks_;
+  std::uint64_t marks_taken_ = 0;
+  EventOwner origin_;
+  double origin_seconds_ = 0;
   std::shared_ptr<const std::atomic<bool>> group_aborted_;  // none until a group is made
   std::function<void()> check_group_;
+
+  // Polls `query` (cudaStreamQuery, cudaEventQuery) until it says done.
+  template <class Query>
+  void wait_until(Query&& query) const;
 };
 
 }  // namespace mnist_mt::cuda

@@ -49,7 +49,8 @@ void bias_grad(const float* dy, float* db, std::uint32_t rows, int channels, int
 
 // From the fc2 product z[rows][10] and its bias: logprobs = log_softmax(z + bias);
 // dlogits = (softmax - onehot(label)) / denominator; stats[0] += sum of NLL,
-// stats[1] += correct argmaxes, stats[2] += rows. Deterministic.
+// stats[1] += correct argmaxes, stats[2] += rows (the replica passes its pending stats).
+// Deterministic.
 void log_softmax_nll(const float* z, const float* bias, const std::uint8_t* labels, std::uint32_t rows,
                      float denominator, float* logprobs, float* dlogits, double* stats, StreamHandle stream);
 
@@ -62,8 +63,23 @@ struct SgdArgs {
   float weight_decay = 0.0f;
   bool first = false;  // the buffer starts as the first step's d
 };
+// `gate`, when given, is a device flag: the update runs only where it is non-zero.
 void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdArgs& args,
-                StreamHandle stream);
+                StreamHandle stream, const int* gate = nullptr);
+
+// The replica's statistics on the device, doubles: what a snapshot copies out and
+// resets (the first kStatsReported), then the forwards since the last update
+// (log_softmax_nll's stats) and the halt flag, which snapshots leave.
+enum Stat : std::size_t {
+  kStatLoss, kStatCorrect, kStatSamples, kStatSkipped, kStatNonFinite, kStatNonFiniteStep, kStatNonFiniteLoss,
+  kStatNonFiniteNorm, kStatsReported, kStatPending = kStatsReported, kStatHalted = kStatPending + 3, kStatCount
+};
+// One thread: whether the step's update runs (*gate), from the gradients' sum of squares
+// and the pending loss (Replica::guarded_sgd_step); commits or drops the pending stats.
+void decide_update(double* stats, const double* squares, std::uint64_t step, bool halt, int* gate,
+                   StreamHandle stream);
+// Adds the pending stats to the reported ones (before a snapshot).
+void commit_stats(double* stats, StreamHandle stream);
 
 // The sum of x[i]^2 in double, reproducible bit for bit. `scratch` holds kSquareScratch
 // doubles; the sum is left in scratch[kSquareBlocks].

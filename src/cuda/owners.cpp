@@ -16,6 +16,12 @@ EventOwner make_event() {
   return EventOwner(event);
 }
 
+EventOwner make_timing_event() {
+  cudaEvent_t event = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDefault));
+  return EventOwner(event);
+}
+
 CudnnOwner make_cudnn(cudaStream_t stream) {
   cudnnHandle_t handle = nullptr;
   CUDNN_CHECK(cudnnCreate(&handle));

@@ -72,6 +72,8 @@ using ConvDescOwner = Owner<cudnnConvolutionDescriptor_t, ConvDescRelease>;
 StreamOwner make_stream(int priority);
 // Timing off: ordering events are cheaper to record and wait for.
 EventOwner make_event();
+// Timing on: for Device::mark().
+EventOwner make_timing_event();
 CudnnOwner make_cudnn(cudaStream_t stream);
 // fp32 NCHW.
 TensorDescOwner make_tensor_desc(int n, int c, int h, int w);

@@ -1,6 +1,7 @@
 #include "replica.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -82,10 +83,12 @@ class CudaReplica final : public Replica {
         dpooled_(std::size_t{max_batch} * kFc1In),
         da2_(std::size_t{max_batch} * kA2),
         da1_(std::size_t{max_batch} * kA1),
-        stats_(3),
-        stats_host_(3),
+        stats_(kStatCount),
+        stats_host_(kStatsReported * kSnapshots),
         squares_(kSquareScratch),
+        gate_(1),
         input_(device, max_batch) {
+    for (auto& e : snapshot_events_) e = make_event();
     warm_up();
     zero_state();
     device_.wait_stream(stream());
@@ -141,7 +144,7 @@ class CudaReplica final : public Replica {
     bias_relu_dropout(h_.data(), param(5), n, kFc1Out, 1, drop2, stream());
     linear_forward(cublas_.get(), h_.data(), param(6), z_.data(), n, kFc1Out, kFc2Out);
     log_softmax_nll(z_.data(), param(7), batch_.labels, n, static_cast<float>(loss_denominator), logprobs_.data(),
-                    dlogits_.data(), stats_.data(), stream());
+                    dlogits_.data(), stats_.data() + kStatPending, stream());
     input_.release();
     pool_scale_ = drop1.scale;
     fc1_scale_ = drop2.scale;
@@ -183,6 +186,19 @@ class CudaReplica final : public Replica {
     momentum_started_ = true;
   }
 
+  // The communicators here keep no sum of squares: the replica sums the reduced
+  // gradients on the device, and the device decides.
+  void guarded_sgd_step(const SgdOptions& options, const UpdateGuard& guard) override {
+    device_.activate();
+    sum_of_squares(grads_.data(), kParamCount, squares_.data(), stream());
+    decide_update(stats_.data(), squares_.data() + kSquareBlocks, guard.step, guard.halt, gate_.data(), stream());
+    // A dropped first update leaves the buffer at zero, and momentum*0 + d = d: the
+    // first applied one starts it as PyTorch does.
+    sgd_update(params_.data(), grads_.data(), momentum_.data(), kParamCount,
+               {options.lr, options.momentum, options.weight_decay, !momentum_started_}, stream(), gate_.data());
+    momentum_started_ = true;
+  }
+
   float* params() override { return params_.data(); }
   float* grads() override { return grads_.data(); }
 
@@ -212,14 +228,38 @@ class CudaReplica final : public Replica {
     copy_sync(out.data(), logprobs_.data(), out.size_bytes(), cudaMemcpyDeviceToHost);
   }
 
-  StepStats take_stats() override {
+  std::uint64_t snapshot_stats() override {
     device_.activate();
-    CUDA_CHECK(cudaMemcpyAsync(stats_host_.data(), stats_.data(), stats_.bytes(), cudaMemcpyDeviceToHost, stream()));
-    CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, stats_.bytes(), stream()));
-    device_.wait_stream(stream());
+    const std::uint64_t handle = snapshots_taken_++;
+    const std::size_t slot = handle % kSnapshots;
+    constexpr std::size_t kBytes = kStatsReported * sizeof(double);
+    commit_stats(stats_.data(), stream());
+    CUDA_CHECK(cudaMemcpyAsync(stats_host_.data() + slot * kStatsReported, stats_.data(), kBytes,
+                               cudaMemcpyDeviceToHost, stream()));
+    CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, kBytes, stream()));
+    CUDA_CHECK(cudaEventRecord(snapshot_events_[slot].get(), stream()));
+    return handle;
+  }
+
+  std::optional<StepStats> read_stats(std::uint64_t handle, bool wait) override {
+    if (handle >= snapshots_taken_ || handle + kSnapshots <= snapshots_taken_)
+      throw RuntimeFailure(device_.name() + ": read_stats of snapshot " + std::to_string(handle) + ", not held");
+    device_.activate();
+    const std::size_t slot = handle % kSnapshots;
+    cudaEvent_t event = snapshot_events_[slot].get();
+    if (!wait) {
+      const cudaError_t state = cudaEventQuery(event);
+      if (state == cudaErrorNotReady) return std::nullopt;
+      CUDA_CHECK(state);
+    }
+    device_.wait_event(event);
     device_.throw_if_aborted();
-    const double* s = stats_host_.data();
-    return {s[0], s[1], s[2]};
+    const double* s = stats_host_.data() + slot * kStatsReported;
+    StepStats stats{s[kStatLoss], s[kStatCorrect], s[kStatSamples], static_cast<std::uint64_t>(s[kStatSkipped]), {}};
+    if (s[kStatNonFinite] != 0)
+      stats.non_finite =
+          NonFiniteStep{static_cast<std::uint64_t>(s[kStatNonFiniteStep]), s[kStatNonFiniteLoss], s[kStatNonFiniteNorm]};
+    return stats;
   }
 
  private:
@@ -300,9 +340,12 @@ class CudaReplica final : public Replica {
   // Activations and their gradients, for max_batch rows.
   DeviceBuffer<float> x_, a1_, a2_, pooled_, h_, z_, logprobs_, dlogits_;
   DeviceBuffer<float> dh_, dpooled_, da2_, da1_;
-  DeviceBuffer<double> stats_;  // loss sum, correct, samples
-  PinnedBuffer<double> stats_host_;
+  DeviceBuffer<double> stats_;       // kernels.hpp's Stat layout
+  PinnedBuffer<double> stats_host_;  // kSnapshots slots of kStatsReported
+  std::array<EventOwner, kSnapshots> snapshot_events_;
+  std::uint64_t snapshots_taken_ = 0;
   DeviceBuffer<double> squares_;  // sum_of_squares' partial sums and total
+  DeviceBuffer<int> gate_;        // guarded_sgd_step's decision
   InputStage input_;
   DeviceBatch batch_;
   std::vector<std::uint32_t> prepared_;  // batch sizes whose algorithms are chosen and loaded

@@ -51,6 +51,8 @@ void check_train_config(const TrainConfig& config) {
     throw InputError("saving every " + std::to_string(config.save_every) + " steps needs a checkpoint path",
                      "save_every");
   }
+  if (config.trace && config.mode != Mode::kDdp) throw InputError("a trace is recorded in ddp mode only", "trace");
+  if (config.trace && config.trace_steps == 0) throw InputError("tracing 0 steps: must be at least 1", "trace_steps");
   const TrainHooks& hooks = TrainerTesting::hooks(config);
   if (hooks.fault) check_rank("injected fault", hooks.fault->rank, config.devices.size(), "fault");
   if (hooks.stall) check_rank("injected stall", hooks.stall->rank, config.devices.size(), "stall");
@@ -58,6 +60,7 @@ void check_train_config(const TrainConfig& config) {
   // An unwritable output is found now, not after the first epoch.
   if (config.save) check_output_path(*config.save, "checkpoint", "save");
   if (config.metrics) check_output_path(*config.metrics, "metrics file", "metrics");
+  if (config.trace) check_output_path(*config.trace, "trace file", "trace");
 }
 
 }  // namespace mnist_mt

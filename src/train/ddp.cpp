@@ -1,16 +1,21 @@
 // DDP: a worker thread per device. Each gradient bucket's allreduce goes to the comm
 // stream as soon as backward has written the bucket, while backward goes on; the
-// optimizer waits for all of them.
+// optimizer's work waits for all of them on the device. The host never waits for the
+// device inside a step: the phases are timed by marks on the streams, the stats and the
+// NaN guard's decisions stay on the device, and both are read every kReadEvery steps.
 #include <array>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "buckets.hpp"
 #include "evaluate_shard.hpp"
+#include "metrics.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "run.hpp"
+#include "step_timer.hpp"
 
 namespace mnist_mt {
 namespace {
@@ -23,7 +28,8 @@ class DdpWorker {
         device_(*run.devices[rank]),
         comm_(*run.comms[rank]),
         buckets_(make_buckets(run.config.bucket_mb)),
-        step_(run.start.step) {}
+        step_(run.start.step),
+        timer_(device_, rank, run.trace ? &*run.trace : nullptr) {}
 
   void operator()() noexcept {
     try {
@@ -69,14 +75,15 @@ class DdpWorker {
       const std::uint32_t first = run_.first_step(epoch);
       skip(lease.loader(), first);
       Replica* rank0 = rank_ == 0 ? replica_.get() : nullptr;
-      const bool done = run_.train_steps(m, first, run_.steps_in_epoch(lease.loader().steps()), rank0, step_, train,
-                                         [&](PhaseSeconds& phase) {
-                                           run_.inject_fault(rank_, step_);
-                                           const std::optional<StepStats> stats = step(lease.loader(), key, phase);
-                                           ++step_;
-                                           if (!stats) ++m.skipped_steps;
-                                           return stats.value_or(StepStats{});
-                                         });
+      const bool done = run_.train_steps(
+          rank_, m, first, run_.steps_in_epoch(lease.loader().steps()), rank0, step_, train,
+          [&](PhaseSeconds& phase) {
+            run_.inject_fault(rank_, step_);
+            step(lease.loader(), key, phase);
+            ++step_;
+          },
+          [&](bool wait) { read(m, train, wait); });
+      m.skipped_steps = train.skipped;
       if (!done) {
         if (rank_ == 0) run_.end_interrupted(*replica_, epoch, first + static_cast<std::uint32_t>(m.steps), step_);
         return false;
@@ -100,28 +107,24 @@ class DdpWorker {
     }
   }
 
-  // The host waits for the compute stream after forward and after backward to time
-  // them; the comm stream runs on meanwhile, so what is left of it is the exposed wait.
-  // Empty when the step's update was dropped (NanPolicy::kSkip).
-  std::optional<StepStats> step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {
-    Stopwatch clock;
+  // Enqueues one step. The host waits only for the batch, and in set_input() for the
+  // previous step's input copy, which bounds how far it runs ahead of the device.
+  void step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {
     run_.beat(rank_, step_, Phase::kData);
     run_.inject_stall(rank_, step_, StallPhase::kData);
+    const double asked = steady_seconds();
     const Batch* batch = loader.next(rank_);
     if (batch == nullptr) throw Aborted("the loader was cancelled");
-    phase.data_wait += clock.lap();
+    const double got = steady_seconds();
+    phase.data_wait += got - asked;
+    timer_.begin(step_, asked, got);
 
     run_.beat(rank_, step_, Phase::kForward);
     run_.inject_stall(rank_, step_, StallPhase::kCompute);
     run_.inject_nan(rank_, step_, *replica_);
     replica_->set_input(*batch);
     replica_->forward(true, key, batch->size);
-    device_.wait_compute();
-    const StepStats stats = replica_->take_stats();
-    // Every rank's gradients reach every replica: a non-finite loss anywhere would be a
-    // non-finite model everywhere.
-    run_.check_loss(stats.loss_sum);
-    phase.forward += clock.lap();
+    timer_.end_forward();
 
     run_.beat(rank_, step_, Phase::kCollective);  // a rank that never joins the step's allreduces
     run_.inject_stall(rank_, step_, StallPhase::kCollective);
@@ -131,28 +134,42 @@ class DdpWorker {
     replica_->backward([&](int layer) {
       if (next < buckets_.size() && buckets_[next].ready_layer == layer) {
         device_.comm_wait_compute();
+        timer_.begin_allreduce();
         comm_.allreduce(replica_->grads() + buckets_[next].offset, buckets_[next].count, ReduceOp::kAverage);
+        timer_.end_allreduce();
         ++next;
       }
     });
     // A bucket left out would leave the peers waiting in its allreduce.
     if (next != buckets_.size()) throw RuntimeFailure("backward did not report every layer's gradients");
-    device_.wait_compute();
-    phase.backward += clock.lap();
-
-    run_.beat(rank_, step_, Phase::kCommWait);
-    device_.synchronize();
-    phase.comm_wait += clock.lap();
+    timer_.end_backward();
 
     run_.beat(rank_, step_, Phase::kOptimizer);
     device_.compute_wait_comm();
-    const bool apply = run_.apply_update(rank_, stats.loss_sum, reduced_grad_norm(comm_, *replica_));
-    if (apply) replica_->sgd_step(run_.config.sgd);
-    run_.undo_nan(rank_, step_, apply, *replica_);
-    device_.wait_compute();
-    phase.optimizer += clock.lap();
-    if (!apply) return std::nullopt;
-    return stats;
+    timer_.end_comm_wait();
+    // Every rank's gradients reach every replica: a non-finite loss or norm anywhere
+    // would be a non-finite model everywhere, so the device drops the update itself.
+    replica_->guarded_sgd_step(run_.config.sgd, run_.update_guard(step_, comm_));
+    timer_.end_step();
+    run_.undo_nan(rank_, step_, *replica_);
+  }
+
+  // The stats since the last read and the phase times of the steps the device has
+  // passed. A snapshot is taken now and read at the next call, kReadEvery steps on, when
+  // the device is long past it; `wait` reads the new one too (epoch end, saves).
+  void read(EpochMetrics& m, StepStats& total, bool wait) {
+    const std::optional<std::uint64_t> previous = std::exchange(unread_, replica_->snapshot_stats());
+    if (previous) add(total, *replica_->read_stats(*previous, true));
+    if (wait) {
+      add(total, *replica_->read_stats(*unread_, true));
+      unread_.reset();
+    }
+    timer_.harvest(m.phase_seconds);
+  }
+
+  void add(StepStats& total, const StepStats& stats) {
+    total += stats;
+    if (stats.non_finite) run_.on_non_finite(rank_, comm_, *stats.non_finite);
   }
 
   // This rank's shard of the test set; the caller sums the ranks' stats.
@@ -169,6 +186,8 @@ class DdpWorker {
   const std::vector<Bucket> buckets_;
   std::uint64_t step_;  // global: optimizer steps taken
   std::unique_ptr<Replica> replica_;
+  StepTimer timer_;
+  std::optional<std::uint64_t> unread_;  // the snapshot the next read() reads
 };
 
 }  // namespace

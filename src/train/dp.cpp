@@ -90,13 +90,16 @@ class DpLoop {
       for (std::uint32_t k = 0; k < first; ++k)
         for (int d = 0; d < run_.world(); ++d)
           if (loader.next(d) == nullptr) throw RuntimeFailure("the loader ended early");
-      const bool done = run_.train_steps(m, first, run_.steps_in_epoch(loader.steps()), replicas_[0].get(), step_,
-                                         train, [&](PhaseSeconds& phase) {
-                                           const std::optional<StepStats> stats = step(loader, key, phase);
-                                           ++step_;
-                                           if (!stats) ++m.skipped_steps;
-                                           return stats.value_or(StepStats{});
-                                         });
+      // The host waits for the device in every step: its stats are current, nothing to read.
+      const bool done = run_.train_steps(
+          0, m, first, run_.steps_in_epoch(loader.steps()), replicas_[0].get(), step_, train,
+          [&](PhaseSeconds& phase) {
+            const std::optional<StepStats> stats = step(loader, key, phase);
+            ++step_;
+            if (!stats) ++m.skipped_steps;
+            train += stats.value_or(StepStats{});
+          },
+          [](bool) {});
       if (!done) {
         on(0);
         run_.end_interrupted(*replicas_[0], epoch, first + static_cast<std::uint32_t>(m.steps), step_);
@@ -160,7 +163,7 @@ class DpLoop {
     on(0).compute_wait_comm();
     const bool apply = run_.apply_update(0, stats.loss_sum, reduced_grad_norm(*run_.comms[0], *replicas_[0]));
     if (apply) replicas_[0]->sgd_step(run_.config.sgd);
-    for (int d = 0; d < world; ++d) run_.undo_nan(d, step_, apply, *replicas_[d]);
+    for (int d = 0; d < world; ++d) run_.undo_nan(d, step_, *replicas_[d]);
     on(0).wait_compute();
     phase.optimizer += clock.lap();
     if (!apply) return std::nullopt;

@@ -9,6 +9,11 @@
 namespace mnist_mt {
 
 // Seconds between successive laps, to split a step into its phases.
+// The host's steady clock in seconds, the clock Device::mark_time() reads too.
+inline double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 class Stopwatch {
  public:
   double lap() {

@@ -98,8 +98,10 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
       comms(communicators(backend, devices)),
       loaders(data, static_cast<std::uint32_t>(devices.size()), config.batch, start.seed),
       progress(config.progress, std::uint64_t{config.batch} * devices.size()),
-      saver_(config.keep) {
+      saver_(config.keep),
+      started_(devices.size(), 0) {
   if (config.metrics) metrics_.emplace(*config.metrics);
+  if (config.trace) trace.emplace(*config.trace, start.step, config.trace_steps);
   Watchdog::Hooks hooks;
   hooks.on_stall = [this](int rank, std::uint64_t step, Phase phase, double seconds) {
     fail(rank, step,
@@ -146,13 +148,13 @@ void Run::inject_stall(int rank, std::uint64_t step, StallPhase phase) const {
   while (phase == StallPhase::kCompute || !failed()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
-bool Run::stop_before(std::uint64_t step) {
-  if (config.stop != nullptr && config.stop->stop_signal() != 0) {
-    std::uint64_t at = stop_at_.load();
-    while (step + 1 < at && !stop_at_.compare_exchange_weak(at, step + 1)) {
-    }
+bool Run::stop_before(int rank, std::uint64_t step) {
+  std::lock_guard lock(stop_mutex_);
+  started_[rank] = step;
+  if (config.stop != nullptr && config.stop->stop_signal() != 0 && stop_at_ == kNever) {
+    stop_at_ = *std::max_element(started_.begin(), started_.end()) + 1;
   }
-  return step >= stop_at_.load();
+  return step >= stop_at_;
 }
 
 std::uint32_t Run::steps_in_epoch(std::uint32_t loader_steps) const {
@@ -195,10 +197,8 @@ void Run::inject_nan(int rank, std::uint64_t step, Replica& replica) {
   replica.write_params(poisoned);
 }
 
-void Run::undo_nan(int rank, std::uint64_t step, bool applied, Replica& replica) {
-  if (!nan_at(config, rank, step)) return;
-  if (applied) throw RuntimeFailure("the injected NaN did not reach the gradients");
-  replica.write_params(nan_clean_);
+void Run::undo_nan(int rank, std::uint64_t step, Replica& replica) {
+  if (nan_at(config, rank, step)) replica.write_params(nan_clean_);
 }
 
 void Run::check_loss(double loss_sum) const {
@@ -225,24 +225,51 @@ bool Run::apply_update(int rank, double loss_sum, double grad_norm) const {
   return false;
 }
 
-bool Run::train_steps(EpochMetrics& m, std::uint32_t first, std::uint32_t steps, Replica* rank0,
-                      std::uint64_t& global, StepStats& total, const std::function<StepStats(PhaseSeconds&)>& step) {
+void Run::on_non_finite(int rank, Communicator& comm, const NonFiniteStep& step) const {
+  if (std::isfinite(step.grad_norm)) {
+    throw StepFailure(step.step, "non-finite training loss " + std::to_string(step.loss_sum) +
+                                     " with finite gradients: the step cannot be skipped on every rank alike");
+  }
+  if (config.on_nan == NanPolicy::kSkip) return;
+  std::vector<double> bad(comm.size(), 0.0);
+  bad[rank] = std::isfinite(step.loss_sum) ? 0.0 : 1.0;
+  comm.allreduce_host(bad);
+  const int first_bad = static_cast<int>(std::find(bad.begin(), bad.end(), 1.0) - bad.begin());
+  if (first_bad == rank) throw StepFailure(step.step, "non-finite training loss " + std::to_string(step.loss_sum));
+  if (first_bad == comm.size() && rank == 0) {
+    throw StepFailure(step.step, "non-finite gradient norm " + std::to_string(step.grad_norm) +
+                                     " (the ranks' gradients reduced)");
+  }
+  throw Aborted("another rank reports the non-finite step");
+}
+
+UpdateGuard Run::update_guard(std::uint64_t step, Communicator& comm) const {
+  return {step, config.on_nan == NanPolicy::kStop, [&comm] { return comm.take_reduced_squares(); }};
+}
+
+bool Run::train_steps(int rank, EpochMetrics& m, std::uint32_t first, std::uint32_t steps, Replica* rank0,
+                      std::uint64_t& global, const StepStats& total, const std::function<void(PhaseSeconds&)>& step,
+                      const std::function<void(bool wait)>& read) {
   if (rank0 != nullptr) progress.start_epoch(m.epoch, steps);
   Stopwatch clock;
   bool done = true;
-  for (std::uint32_t k = first; k < steps; ++k) {
-    if (stop_before(global)) {
+  std::uint32_t k = first;
+  for (; k < steps; ++k) {
+    if (stop_before(rank, global)) {
       done = false;
       break;
     }
-    total += step(m.phase_seconds);
+    step(m.phase_seconds);
     ++m.steps;
-    if (rank0 == nullptr) continue;
-    progress.step(k + 1, total.loss_sum / total.samples);
-    if (config.save && config.save_every > 0 && global % config.save_every == 0 && k + 1 < steps) {
-      save(*rank0, m.epoch - 1, k + 1, global, *config.save);
+    const bool save_now = config.save && config.save_every > 0 && global % config.save_every == 0 && k + 1 < steps;
+    if (save_now || global % kReadEvery == 0) {
+      read(save_now);  // a checkpoint only of steps known to be finite
+      if (rank0 != nullptr && total.samples > 0 && k + 1 < steps) progress.step(k + 1, total.loss_sum / total.samples);
     }
+    if (rank0 != nullptr && save_now) save(*rank0, m.epoch - 1, k + 1, global, *config.save);
   }
+  read(true);
+  if (rank0 != nullptr && done && total.samples > 0) progress.step(k, total.loss_sum / total.samples);
   m.seconds = clock.lap();
   return done;
 }
@@ -293,17 +320,21 @@ void Run::rethrow_failure() const {
   const auto root =
       std::find_if(failures_.begin(), failures_.end(), [](const Failure& f) { return !is_aborted(f.error); });
   const Failure& f = root != failures_.end() ? *root : failures_.front();
-  const std::string where = "rank " + std::to_string(f.rank) + " failed at step " + std::to_string(f.step) + ": ";
+  const auto where = [&](std::uint64_t step) {
+    return "rank " + std::to_string(f.rank) + " failed at step " + std::to_string(step) + ": ";
+  };
   try {
     std::rethrow_exception(f.error);
+  } catch (const StepFailure& e) {
+    throw RuntimeFailure(where(e.step()) + e.what());
   } catch (const Interrupted&) {
     throw;
   } catch (const InputError& e) {
-    throw InputError(where + e.what());
+    throw InputError(where(f.step) + e.what());
   } catch (const std::exception& e) {
-    throw RuntimeFailure(where + e.what());
+    throw RuntimeFailure(where(f.step) + e.what());
   } catch (...) {
-    throw RuntimeFailure(where + "unknown error");
+    throw RuntimeFailure(where(f.step) + "unknown error");
   }
 }
 

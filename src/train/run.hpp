@@ -14,14 +14,31 @@
 
 #include "metrics.hpp"
 #include "mnist_mt/checkpoint.hpp"
+#include "mnist_mt/error.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "progress.hpp"
 #include "saver.hpp"
 #include "shared_loaders.hpp"
+#include "trace.hpp"
 #include "trainer_testing.hpp"
 #include "watchdog.hpp"
 
 namespace mnist_mt {
+
+// A failure that belongs to a step other than the one its rank had reached: a non-finite
+// step read from the device's stats some steps later.
+class StepFailure : public RuntimeFailure {
+ public:
+  StepFailure(std::uint64_t step, const std::string& what) : RuntimeFailure(what), step_(step) {}
+  std::uint64_t step() const { return step_; }
+
+ private:
+  std::uint64_t step_;
+};
+
+// How many steps apart the DDP workers read their stats (and phase times) from the device,
+// on every rank at the same steps.
+constexpr std::uint64_t kReadEvery = 16;
 
 class Run {
  public:
@@ -48,25 +65,34 @@ class Run {
   void inject_stall(int rank, std::uint64_t step, StallPhase phase) const;
   // Test hook: when `rank` starts the injected NaN's step, one of its replica's
   // parameters turns NaN (and so its loss and gradients) until undo_nan() at the step's
-  // end writes them back as they were; that step's update must have been dropped.
+  // end writes them back as they were.
   void inject_nan(int rank, std::uint64_t step, Replica& replica);
-  void undo_nan(int rank, std::uint64_t step, bool applied, Replica& replica);
+  void undo_nan(int rank, std::uint64_t step, Replica& replica);
   // After forward: a non-finite loss fails the run under --on-nan stop; under skip the
   // step goes on, its reduced gradients decide.
   void check_loss(double loss_sum) const;
   // After the gradients are reduced, which leaves every rank with the same bits and so
   // the same norm: whether to apply the step's update. See NanPolicy.
   bool apply_update(int rank, double loss_sum, double grad_norm) const;
+  // A DDP worker that read a step its device dropped (Replica::guarded_sgd_step) from its
+  // stats; every rank reads a dropped norm at the same step. Throws what ends the run,
+  // if it ends: with --on-nan stop the ranks agree (through `comm`) on one report, the
+  // lowest rank whose own loss was non-finite, else rank 0 for the norm.
+  void on_non_finite(int rank, Communicator& comm, const NonFiniteStep& step) const;
+  UpdateGuard update_guard(std::uint64_t step, Communicator& comm) const;
   // Rank `rank` enters `phase` of global step `step` (the watchdog's progress).
   void beat(int rank, std::uint64_t step, Phase phase) { watchdog_->beat(rank, step, phase); }
 
-  // An epoch's training steps [first, steps): runs `step` (one step, adding its phase
-  // times and advancing `global`), times them into m, sums their stats into `total`.
-  // `rank0` (rank 0's replica, null elsewhere) shows progress and saves every
-  // save_every steps. Returns false when a stop request ended the epoch early, which
-  // happens at the same global step on every rank.
-  bool train_steps(EpochMetrics& m, std::uint32_t first, std::uint32_t steps, Replica* rank0, std::uint64_t& global,
-                   StepStats& total, const std::function<StepStats(PhaseSeconds&)>& step);
+  // `rank`'s training steps of an epoch, [first, steps): runs `step` (one step, adding what it
+  // times to the phases and advancing `global`), and `read(wait)` every kReadEvery
+  // steps, before each save (wait: true) and once at the end (true): the caller adds its
+  // stats to `total` and m's phases there. `rank0` (rank 0's replica, null elsewhere)
+  // shows progress and saves every save_every steps. Times the epoch into m. Returns
+  // false when a stop request ended the epoch early, which happens at the same global
+  // step on every rank.
+  bool train_steps(int rank, EpochMetrics& m, std::uint32_t first, std::uint32_t steps, Replica* rank0, std::uint64_t& global,
+                   const StepStats& total, const std::function<void(PhaseSeconds&)>& step,
+                   const std::function<void(bool wait)>& read);
   // Rank 0 at the end of an epoch: records, prints and writes the metrics, saves the
   // checkpoint.
   void end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step);
@@ -89,6 +115,7 @@ class Run {
   SharedLoaders loaders;
   Progress progress;   // rank 0's
   TrainResult result;  // rank 0 writes it
+  std::optional<TraceLog> trace;  // --trace
 
  private:
   struct Failure {
@@ -97,10 +124,10 @@ class Run {
     std::exception_ptr error;
   };
 
-  // Every rank checks before each step; the first to see a stop request sets the stop
-  // one step ahead, which no rank can have started yet (each step's collectives need
-  // the rank that checks).
-  bool stop_before(std::uint64_t step);
+  // Every rank checks before each step. The first to see a stop request sets the stop
+  // one step past the furthest any rank has started: hosts run ahead of their devices,
+  // and so of each other, but none past a step that every rank will start.
+  bool stop_before(int rank, std::uint64_t step);
   void save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step,
             const std::filesystem::path& path);
   bool failed() const;
@@ -110,7 +137,10 @@ class Run {
   std::optional<MetricsFile> metrics_;
   Saver saver_;
   std::vector<float> nan_clean_;  // the injected NaN's rank's parameters before it (that rank's thread only)
-  std::atomic<std::uint64_t> stop_at_{std::numeric_limits<std::uint64_t>::max()};
+  static constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
+  std::mutex stop_mutex_;  // guards stop_at_ and started_
+  std::uint64_t stop_at_ = kNever;
+  std::vector<std::uint64_t> started_;  // per rank: the step it checked for last
   std::atomic<bool> failed_{false};
   mutable std::mutex failures_mutex_;  // guards failures_ and ready_
   std::condition_variable peers_cv_;
@@ -119,10 +149,13 @@ class Run {
   std::unique_ptr<Watchdog> watchdog_;  // last: its thread may call fail()
 };
 
+// Sums; the first non-finite step is kept.
 inline StepStats& operator+=(StepStats& a, const StepStats& b) {
   a.loss_sum += b.loss_sum;
   a.correct += b.correct;
   a.samples += b.samples;
+  a.skipped += b.skipped;
+  if (!a.non_finite) a.non_finite = b.non_finite;
   return a;
 }
 

@@ -12,6 +12,7 @@ TrainResult train(Backend& backend, const Dataset& data, const TrainConfig& conf
     train_ddp(run);
   }
   run.rethrow_failure();
+  if (run.trace) run.trace->write();
   return std::move(run.result);
 }
 
