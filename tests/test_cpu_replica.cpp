@@ -475,6 +475,105 @@ TEST_F(ReplicaTest, StatsSumOverForwards) {
   EXPECT_EQ(replica->take_stats().samples, 0);
 }
 
+// guarded_sgd_step: a finite step is sgd_step's, bit for bit; a non-finite one leaves the
+// parameters, momentum and stats as they were and is counted; with halt, so is every
+// later one. The norm comes from the reduced sum of squares when one is given.
+TEST_F(ReplicaTest, AGuardedUpdateIsDroppedOnTheDeviceWhenNonFinite) {
+  const auto params = initial_params(12);
+  const SgdOptions sgd{0.01f, 0.9f, 0.0f};
+  const DropoutKey key{4, 0};
+  auto replica = [&] {
+    auto r = make_cpu_replica(device_, 3);
+    r->write_params(params);
+    return r;
+  };
+  auto train = [&](Replica& r, std::uint32_t seed) {
+    r.set_input(random_batch(3, seed));
+    r.forward(true, key, 3);
+    r.backward([](int) {});
+  };
+  auto read = [](Replica& r) {
+    std::vector<float> p(kParamCount);
+    r.read_params(p);
+    return p;
+  };
+  const auto nothing = [] { return std::optional<double>(); };
+  const auto nan = [] { return std::optional<double>(std::nan("")); };
+
+  auto plain = replica();
+  auto guarded = replica();
+  for (std::uint32_t step = 0; step < 2; ++step) {
+    train(*plain, step);
+    plain->sgd_step(sgd);
+    train(*guarded, step);
+    guarded->guarded_sgd_step(sgd, {step, true, nothing});
+  }
+  EXPECT_EQ(read(*guarded), read(*plain));
+  const StepStats applied = guarded->take_stats();
+  EXPECT_EQ(applied.samples, 6);
+  EXPECT_EQ(applied.skipped, 0u);
+  EXPECT_FALSE(applied.non_finite);
+
+  // A NaN reduced norm (skip: no halt): dropped, then the next step applies.
+  const auto before = read(*guarded);
+  train(*guarded, 5);
+  guarded->guarded_sgd_step(sgd, {7, false, nan});
+  EXPECT_EQ(read(*guarded), before);
+  const StepStats dropped = guarded->take_stats();
+  EXPECT_EQ(dropped.samples, 0);
+  EXPECT_EQ(dropped.skipped, 1u);
+  ASSERT_TRUE(dropped.non_finite);
+  EXPECT_EQ(dropped.non_finite->step, 7u);
+  EXPECT_TRUE(std::isnan(dropped.non_finite->grad_norm));
+  EXPECT_TRUE(std::isfinite(dropped.non_finite->loss_sum));
+  train(*guarded, 6);
+  guarded->guarded_sgd_step(sgd, {8, true, nothing});
+  EXPECT_NE(read(*guarded), before);
+  EXPECT_EQ(guarded->take_stats().skipped, 0u);
+
+  // A NaN parameter: NaN loss and gradients, found by the replica's own sum. It halts.
+  auto poisoned = read(*guarded);
+  const auto good = poisoned;
+  poisoned.back() = std::nanf("");
+  guarded->write_params(poisoned);
+  train(*guarded, 9);
+  guarded->guarded_sgd_step(sgd, {9, true, nothing});
+  guarded->write_params(good);
+  train(*guarded, 10);
+  guarded->guarded_sgd_step(sgd, {10, true, nothing});
+  EXPECT_EQ(read(*guarded), good) << "a halted replica applies nothing";
+  const StepStats halted = guarded->take_stats();
+  EXPECT_EQ(halted.skipped, 2u);
+  ASSERT_TRUE(halted.non_finite);
+  EXPECT_EQ(halted.non_finite->step, 9u);
+  EXPECT_TRUE(std::isnan(halted.non_finite->loss_sum));
+}
+
+// Snapshots are taken without waiting and read once made; each holds the stats since the
+// one before.
+TEST_F(ReplicaTest, StatsSnapshotsAreTakenWithoutWaitingAndReadOnceMade) {
+  auto replica = make_cpu_replica(device_, 2);
+  replica->write_params(initial_params(13));
+  replica->set_input(random_batch(2, 1));
+  replica->forward(false, {}, 2);
+  std::atomic<bool> release{false};
+  device_.compute().enqueue([&] {
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  const std::uint64_t first = replica->snapshot_stats();
+  EXPECT_FALSE(replica->read_stats(first, false).has_value());
+  release = true;
+  replica->set_input(random_batch(2, 2));
+  replica->forward(false, {}, 2);
+  replica->forward(false, {}, 2);
+  const std::uint64_t second = replica->snapshot_stats();
+  EXPECT_EQ(replica->read_stats(second, true)->samples, 4);
+  EXPECT_EQ(replica->read_stats(first, false)->samples, 2);
+  for (std::uint64_t k = 0; k < Replica::kSnapshots; ++k) replica->snapshot_stats();
+  EXPECT_THROW(replica->read_stats(second, true), RuntimeFailure) << "overwritten";
+  EXPECT_THROW(replica->read_stats(second + 100, true), RuntimeFailure) << "never taken";
+}
+
 // set_input copies the batch: the caller may refill its buffers at once.
 TEST_F(ReplicaTest, SetInputCopiesTheBatch) {
   auto replica = make_cpu_replica(device_, 3);

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -23,6 +24,7 @@
 
 #include "mnist_mt/backend.hpp"
 #include "mnist_mt/dataset.hpp"
+#include "mnist_mt/device.hpp"
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/philox.hpp"
 #include "model/replica_testing.hpp"
@@ -349,6 +351,80 @@ TEST(CudaReplica, TakeStatsCountsAndResets) {
   const StepStats empty = replica->take_stats();
   EXPECT_EQ(empty.samples, 0);
   EXPECT_EQ(empty.loss_sum, 0);
+}
+
+// The device decides a guarded update: a finite step is sgd_step's bit for bit; a NaN
+// parameter (NaN loss and gradients) drops it, halts the replica and is reported with its
+// step in the next snapshot, which is read without waiting once made.
+TEST(CudaReplica, AGuardedUpdateIsDecidedOnTheDevice) {
+  auto cuda = make_cuda_backend({});
+  const int ids[] = {0};
+  auto devices = cuda->make_devices(ids);
+  devices[0]->activate();
+  const SgdOptions sgd{0.01f, 0.9f, 0.0f};
+  const std::vector<float> params = initial_params(10);
+  auto plain = cuda->make_replica(*devices[0], 8);
+  auto guarded = cuda->make_replica(*devices[0], 8);
+  const auto step = [&](Replica& r, std::uint32_t seed) {
+    r.set_input(make_batch(8, seed));
+    r.forward(true, {1, 0}, 8);
+    r.backward([](int) {});
+  };
+  const auto read = [](Replica& r) {
+    std::vector<float> p(kParamCount);
+    r.read_params(p);
+    return p;
+  };
+  plain->write_params(params);
+  guarded->write_params(params);
+  for (std::uint32_t k = 0; k < 2; ++k) {
+    step(*plain, k);
+    plain->sgd_step(sgd);
+    step(*guarded, k);
+    guarded->guarded_sgd_step(sgd, {k, true, {}});
+  }
+  EXPECT_EQ(read(*guarded), read(*plain));
+  const std::uint64_t applied = guarded->snapshot_stats();
+  const StepStats a = *guarded->read_stats(applied, true);
+  EXPECT_EQ(a.samples, 16);
+  EXPECT_EQ(a.skipped, 0u);
+  EXPECT_FALSE(a.non_finite);
+
+  const std::vector<float> good = read(*guarded);
+  std::vector<float> poisoned = good;
+  poisoned.back() = std::nanf("");
+  guarded->write_params(poisoned);
+  step(*guarded, 3);
+  guarded->guarded_sgd_step(sgd, {5, true, {}});
+  guarded->write_params(good);
+  step(*guarded, 4);
+  guarded->guarded_sgd_step(sgd, {6, true, {}});
+  EXPECT_EQ(read(*guarded), good) << "a halted replica applies nothing";
+  const StepStats h = *guarded->read_stats(guarded->snapshot_stats(), true);
+  EXPECT_EQ(h.samples, 0);
+  EXPECT_EQ(h.skipped, 2u);
+  ASSERT_TRUE(h.non_finite);
+  EXPECT_EQ(h.non_finite->step, 5u);
+  EXPECT_TRUE(std::isnan(h.non_finite->grad_norm));
+}
+
+// Marks on the streams: readable once passed, in order, on the host's clock.
+TEST(CudaDevice, MarksAreReadOnceTheStreamPassedThem) {
+  auto cuda = make_cuda_backend({});
+  const int ids[] = {0};
+  auto devices = cuda->make_devices(ids);
+  Device& d = *devices[0];
+  d.activate();
+  const TimeMark a = d.mark(Lane::kCompute);
+  const TimeMark c = d.mark(Lane::kComm);
+  const TimeMark b = d.mark(Lane::kCompute);
+  d.synchronize();
+  ASSERT_TRUE(d.mark_time(a) && d.mark_time(b) && d.mark_time(c));
+  EXPECT_LE(*d.mark_time(a), *d.mark_time(b));
+  ASSERT_TRUE(d.elapsed(a, b));
+  EXPECT_GE(*d.elapsed(a, b), 0.0);
+  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  EXPECT_LE(*d.mark_time(b), now + 1e-3);
 }
 
 }  // namespace

@@ -154,5 +154,47 @@ TEST(CpuDevice, WaitComputeLeavesTheCommStreamRunning) {
   d.synchronize();
 }
 
+// Marks are read without waiting: nullopt until the stream gets there, then the moment it
+// did, on the host's steady clock, in stream order.
+TEST(CpuDevice, MarksAreReadWithoutWaitingOnceTheStreamPassedThem) {
+  CpuDevice d(0);
+  std::atomic<bool> release{false};
+  const auto now = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  const double before = now();
+  const TimeMark first = d.mark(Lane::kCompute);
+  d.compute().enqueue([&] {
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  const TimeMark second = d.mark(Lane::kCompute);
+  const TimeMark comm = d.mark(Lane::kComm);
+  d.comm().synchronize();
+  EXPECT_TRUE(d.mark_time(comm).has_value()) << "the comm lane does not wait for compute";
+  EXPECT_FALSE(d.mark_time(second).has_value());
+  EXPECT_FALSE(d.elapsed(first, second).has_value());
+  std::this_thread::sleep_for(20ms);
+  release = true;
+  d.synchronize();
+  const double after = now();
+  ASSERT_TRUE(d.mark_time(first) && d.mark_time(second));
+  EXPECT_GE(*d.mark_time(first), before);
+  EXPECT_LE(*d.mark_time(second), after);
+  EXPECT_GE(*d.elapsed(first, second), 0.015);
+  EXPECT_EQ(*d.elapsed(first, second), *d.mark_time(second) - *d.mark_time(first));
+}
+
+TEST(Stream, PassedSaysWhetherATicketCompletedWithoutBlocking) {
+  Stream s("test");
+  std::atomic<bool> release{false};
+  const std::uint64_t t = s.enqueue([&] {
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  EXPECT_FALSE(s.passed(t));
+  release = true;
+  s.wait(t);
+  EXPECT_TRUE(s.passed(t));
+}
+
 }  // namespace
 }  // namespace mnist_mt::cpu
