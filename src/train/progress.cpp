@@ -39,17 +39,21 @@ void Progress::start_epoch(std::uint32_t epoch, std::uint32_t steps) {
   epoch_ = epoch;
   steps_ = steps;
   start_ = last_draw_ = Clock::now();
+  next_line_ = std::max<std::uint32_t>(1, steps / 10);
 }
 
 void Progress::step(std::uint32_t done, double loss) {
   if (out_ == nullptr) return;
   const auto now = Clock::now();
   const bool last = done == steps_;
-  if (terminal_ ? (!last && now - last_draw_ < std::chrono::milliseconds(100))
-                : (!last && done % std::max<std::uint32_t>(1, steps_ / 10) != 0)) {
+  // Calls come every few steps (when the stats are read): a log line is due once `done`
+  // passes the next tenth of the epoch.
+  const std::uint32_t tenth = std::max<std::uint32_t>(1, steps_ / 10);
+  if (terminal_ ? (!last && now - last_draw_ < std::chrono::milliseconds(100)) : (!last && done < next_line_)) {
     return;
   }
   last_draw_ = now;
+  next_line_ = (done / tenth + 1) * tenth;
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   const double rate = elapsed > 0 ? static_cast<double>(done * images_per_step_) / elapsed : 0.0;
   const double eta = done > 0 ? elapsed / done * (steps_ - done) : 0.0;

@@ -30,6 +30,7 @@ class Progress {
   Clock::time_point start_;
   Clock::time_point last_draw_;
   bool line_open_ = false;  // a live line waits for its newline
+  std::uint32_t next_line_ = 0;  // the step count at which a log line is due
 };
 
 }  // namespace mnist_mt
