@@ -225,7 +225,7 @@ bool Run::apply_update(int rank, double loss_sum, double grad_norm) const {
   return false;
 }
 
-void Run::on_non_finite(int rank, Communicator& comm, const NonFiniteStep& step) const {
+void Run::on_non_finite(int rank, Communicator& comm, const NonFiniteStep& step) {
   if (std::isfinite(step.grad_norm)) {
     throw StepFailure(step.step, "non-finite training loss " + std::to_string(step.loss_sum) +
                                      " with finite gradients: the step cannot be skipped on every rank alike");
@@ -240,6 +240,9 @@ void Run::on_non_finite(int rank, Communicator& comm, const NonFiniteStep& step)
     throw StepFailure(step.step, "non-finite gradient norm " + std::to_string(step.grad_norm) +
                                      " (the ranks' gradients reduced)");
   }
+  // Once the report is recorded: an abort now could not turn it into an Aborted of its own.
+  std::unique_lock lock(failures_mutex_);
+  peers_cv_.wait(lock, [&] { return !failures_.empty(); });
   throw Aborted("another rank reports the non-finite step");
 }
 

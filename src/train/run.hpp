@@ -78,7 +78,7 @@ class Run {
   // stats; every rank reads a dropped norm at the same step. Throws what ends the run,
   // if it ends: with --on-nan stop the ranks agree (through `comm`) on one report, the
   // lowest rank whose own loss was non-finite, else rank 0 for the norm.
-  void on_non_finite(int rank, Communicator& comm, const NonFiniteStep& step) const;
+  void on_non_finite(int rank, Communicator& comm, const NonFiniteStep& step);
   UpdateGuard update_guard(std::uint64_t step, Communicator& comm) const;
   // Rank `rank` enters `phase` of global step `step` (the watchdog's progress).
   void beat(int rank, std::uint64_t step, Phase phase) { watchdog_->beat(rank, step, phase); }
