@@ -41,7 +41,7 @@ void StepTimer::trace(const Step& s) {
   span(TraceLane::kCompute, "backward", s.forward, s.backward, -1);
   span(TraceLane::kCompute, "comm wait", s.backward, s.comm_wait, -1);
   span(TraceLane::kCompute, "optimizer", s.comm_wait, s.end, -1);
-  for (std::size_t b = 0; b < s.buckets.size(); ++b)
+  for (std::size_t b = 0; b < s.bucket_count; ++b)
     span(TraceLane::kComm, "allreduce", s.buckets[b].first, s.buckets[b].second, static_cast<int>(b));
 }
 

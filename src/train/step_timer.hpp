@@ -5,11 +5,13 @@
 // stream, its input included), backward, comm wait (the compute stream waiting for the
 // comm stream before the update: exposed communication) and optimizer; each bucket's
 // allreduce on the comm stream is traced too.
+#include <array>
 #include <cstdint>
 #include <deque>
-#include <vector>
+#include <utility>
 
 #include "mnist_mt/device.hpp"
+#include "mnist_mt/model.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "trace.hpp"
 
@@ -24,8 +26,15 @@ class StepTimer {
   // host's wait for the batch, steady-clock seconds (traced; the caller times it).
   void begin(std::uint64_t step, double data_begin, double data_end);
   void end_forward() { open().forward = device_.mark(Lane::kCompute); }
-  void begin_allreduce() { open().buckets.push_back({device_.mark(Lane::kComm), {}}); }
-  void end_allreduce() { open().buckets.back().second = device_.mark(Lane::kComm); }
+  // At most one bucket per layer (buckets.hpp).
+  void begin_allreduce() {
+    Step& s = open();
+    s.buckets[s.bucket_count++].first = device_.mark(Lane::kComm);
+  }
+  void end_allreduce() {
+    Step& s = open();
+    s.buckets[s.bucket_count - 1].second = device_.mark(Lane::kComm);
+  }
   void end_backward() { open().backward = device_.mark(Lane::kCompute); }
   void end_comm_wait() { open().comm_wait = device_.mark(Lane::kCompute); }
   void end_step() { open().end = device_.mark(Lane::kCompute); }
@@ -39,7 +48,9 @@ class StepTimer {
     std::uint64_t step = 0;
     double data_begin = 0, data_end = 0;
     TimeMark begin, forward, backward, comm_wait, end;
-    std::vector<std::pair<TimeMark, TimeMark>> buckets;
+    // Fixed-size, so that a step allocates nothing for its timing.
+    std::array<std::pair<TimeMark, TimeMark>, kLayers> buckets;
+    std::size_t bucket_count = 0;
   };
   Step& open() { return steps_.back(); }
   void trace(const Step& s);
