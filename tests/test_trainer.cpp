@@ -207,7 +207,7 @@ TEST(Trainer, MetricsFileHasALinePerEpochWithTheKeys) {
 TEST(Trainer, TraceShowsEveryPhaseOfEveryRankAndTheFirstAllreduceUnderBackward) {
   const auto path =
       std::filesystem::temp_directory_path() / ("mnist_mt_trace_" + std::to_string(::getpid()) + ".json");
-  constexpr int kWorld = 2, kTraced = 5;
+  constexpr int kWorld = 2, kTraced = 10;
   TrainConfig c = config_for(kWorld, 8);
   c.max_steps = 12;
   c.trace = path;
@@ -241,6 +241,9 @@ TEST(Trainer, TraceShowsEveryPhaseOfEveryRankAndTheFirstAllreduceUnderBackward) 
   const auto span = [&](int rank, int step, const std::string& name) { return spans[{rank, step, name}]; };
   const auto buckets = static_cast<int>(make_buckets(c.bucket_mb).size());
   for (int rank = 0; rank < kWorld; ++rank) {
+    // The comm thread may be scheduled late in any one step on a loaded machine; an
+    // allreduce that waited for the whole backward would begin after it in every step.
+    int overlapped = 0;
     for (int step = 0; step < kTraced; ++step) {
       SCOPED_TRACE(testing::Message() << "rank " << rank << " step " << step);
       for (const char* phase : {"data wait", "forward", "backward", "comm wait", "optimizer"})
@@ -252,9 +255,11 @@ TEST(Trainer, TraceShowsEveryPhaseOfEveryRankAndTheFirstAllreduceUnderBackward) 
       EXPECT_EQ(backward.tid, 0);
       EXPECT_EQ(first.tid, 1);
       EXPECT_GE(first.begin, backward.begin);
-      EXPECT_LT(first.begin, backward.end) << "the first bucket's allreduce waited for all of backward";
+      if (first.begin < backward.end) ++overlapped;
       EXPECT_LE(span(rank, step, "forward").end, backward.begin + 1e-3);
     }
+    EXPECT_GT(overlapped, 0) << "rank " << rank << ": the first bucket's allreduce waited for all of backward in each of "
+                             << kTraced << " steps";
     EXPECT_EQ(count(rank, kTraced, "forward"), 0u) << "steps past --trace-steps";
   }
 }
