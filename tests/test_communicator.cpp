@@ -226,6 +226,54 @@ TEST(Communicator, ReduceLandsOnRootOnlyInRankOrder) {
   }
 }
 
+// Chunks of different sizes (one empty), root anywhere: scatter hands each rank its chunk
+// of root's buffer and gather puts them back in place; root's own chunk and the rest of
+// every other buffer stay as they were.
+TEST(Communicator, ScatterAndGatherMoveEachRanksChunkFromAndToRoot) {
+  for (int world : {1, 2, 3}) {
+    for (int root : {0, world - 1}) {
+      std::vector<std::size_t> counts, offsets;
+      std::size_t total = 0;
+      for (int r = 0; r < world; ++r) {
+        counts.push_back(r == 1 ? 0 : 1000 + 37 * r);
+        offsets.push_back(total);
+        total += counts.back();
+      }
+      Group g(world);
+      auto buffers = random_buffers(world, total, 7 * world + root);
+      const auto before = buffers;
+      for (int r = 0; r < world; ++r) g.comms[r]->scatter(buffers[r].data(), counts, root);
+      g.synchronize();
+      for (int r = 0; r < world; ++r) {
+        SCOPED_TRACE(testing::Message() << "scatter: world " << world << " root " << root << " rank " << r);
+        std::vector<float> expected = before[r];
+        if (r != root)
+          std::copy_n(before[root].begin() + offsets[r], counts[r], expected.begin());
+        EXPECT_TRUE(bitwise_equal(buffers[r], expected));
+      }
+      auto sent = random_buffers(world, total, 11 * world + root);
+      const auto sent_before = sent;
+      for (int r = 0; r < world; ++r) g.comms[r]->gather(sent[r].data(), counts, root);
+      g.synchronize();
+      std::vector<float> expected = sent_before[root];
+      for (int r = 0; r < world; ++r)
+        if (r != root) std::copy_n(sent_before[r].begin(), counts[r], expected.begin() + offsets[r]);
+      EXPECT_TRUE(bitwise_equal(sent[root], expected)) << "gather: world " << world << " root " << root;
+      for (int r = 0; r < world; ++r)
+        if (r != root) EXPECT_TRUE(bitwise_equal(sent[r], sent_before[r])) << "gather changed rank " << r;
+    }
+  }
+}
+
+TEST(Communicator, ScatterWithAChunkCountOtherThanTheRanksIsRefused) {
+  Group g(2);
+  std::vector<float> data(4);
+  const std::vector<std::size_t> three{1, 1, 2};
+  EXPECT_THROW(g.comms[0]->scatter(data.data(), three, 0), RuntimeFailure);
+  const std::vector<std::size_t> two{2, 2};
+  EXPECT_THROW(g.comms[0]->gather(data.data(), two, 2), RuntimeFailure);
+}
+
 TEST(Communicator, BarrierOrdersWorkAcrossRanks) {
   constexpr int kWorld = 3;
   Group g(kWorld);

@@ -453,6 +453,65 @@ TEST_F(ReplicaTest, SmallerBatchesGiveTheSameSamples) {
   EXPECT_THROW(replica->set_input(too_big), RuntimeFailure);
 }
 
+// --mode dp's pieces: forward_logits() and the loss in chunks of rows train what
+// forward() does, bit for bit; rows written into input() with set_scattered_input()
+// give the logits that set_input() of those images gives; use_rows() takes the first rows.
+TEST_F(ReplicaTest, ASplitForwardAndAScatteredInputTrainWhatForwardDoes) {
+  const Batch all = random_batch(6, 21, 500);
+  const DropoutKey key{4, 2};
+  const auto grads_of = [](Replica& r) {
+    std::vector<float> g(kParamCount);
+    ReplicaTesting::read_grads(r, g);
+    return g;
+  };
+  auto whole = make_cpu_replica(device_, 6);
+  whole->write_params(initial_params(8));
+  whole->set_input(all);
+  whole->forward(true, key, 6);
+  whole->backward([](int) {});
+  const StepStats whole_stats = whole->take_stats();
+
+  auto split = make_cpu_replica(device_, 6);
+  split->write_params(initial_params(8));
+  split->set_input(all);
+  split->forward_logits(true, key);
+  split->loss(0, 4, 6);
+  split->loss(4, 2, 6);
+  split->backward([](int) {});
+  const StepStats split_stats = split->take_stats();
+  EXPECT_EQ(grads_of(*split), grads_of(*whole));
+  EXPECT_EQ(split_stats.samples, 6);
+  EXPECT_EQ(split_stats.correct, whole_stats.correct);
+  EXPECT_NEAR(split_stats.loss_sum, whole_stats.loss_sum, 1e-6 * whole_stats.loss_sum);
+  EXPECT_THROW(split->loss(4, 3, 6), RuntimeFailure);  // past the labelled rows
+
+  // Rows 4 and 5, as a scatter would leave them on another device.
+  auto chunk = make_cpu_replica(device_, 2);
+  chunk->write_params(initial_params(8));
+  device_.synchronize();
+  std::copy_n(split->input() + 4 * kImageBytes, 2 * kImageBytes, chunk->input());
+  chunk->set_scattered_input(std::span<const std::uint32_t>(all.indices.data() + 4, 2));
+  chunk->forward_logits(true, key);
+  device_.synchronize();
+  EXPECT_TRUE(std::equal(chunk->logits(), chunk->logits() + 2 * kClasses, split->logits() + 4 * kClasses));
+  EXPECT_THROW(chunk->loss(0, 1, 2), RuntimeFailure);  // a scattered input has no labels
+
+  // The first four rows alone.
+  split->use_rows(4);
+  split->forward_logits(true, key);
+  device_.synchronize();
+  std::vector<float> first_four(split->logits(), split->logits() + 4 * kClasses);
+  Batch head = all;
+  head.size = 4;
+  auto four = make_cpu_replica(device_, 4);
+  four->write_params(initial_params(8));
+  four->set_input(head);
+  four->forward_logits(true, key);
+  device_.synchronize();
+  EXPECT_TRUE(std::equal(first_four.begin(), first_four.end(), four->logits()));
+  EXPECT_THROW(split->use_rows(7), RuntimeFailure);
+}
+
 // take_stats sums NLL, correct argmaxes and samples over the forwards since the last call.
 TEST_F(ReplicaTest, StatsSumOverForwards) {
   auto replica = make_cpu_replica(device_, 5);

@@ -183,7 +183,7 @@ TEST(Trainer, MetricsFileHasALinePerEpochWithTheKeys) {
     EXPECT_GT(j.at("images_per_s").get<double>(), 0.0);
     // Device phases, from marks on the streams: within the epoch's time, and measured.
     double phases = 0;
-    for (const char* key : {"data_wait", "forward", "backward", "comm_wait", "optimizer"}) {
+    for (const char* key : {"data_wait", "forward", "backward", "comm_wait", "optimizer", "broadcast", "gather"}) {
       const double seconds = j.at("phase_seconds").at(key).get<double>();
       EXPECT_GE(seconds, 0.0) << key;
       phases += seconds;
@@ -191,6 +191,8 @@ TEST(Trainer, MetricsFileHasALinePerEpochWithTheKeys) {
     for (const char* key : {"forward", "backward", "optimizer"}) {
       EXPECT_GT(j.at("phase_seconds").at(key).get<double>(), 0.0) << key;
     }
+    for (const char* key : {"broadcast", "gather"})  // --mode dp's phases
+      EXPECT_EQ(j.at("phase_seconds").at(key).get<double>(), 0.0) << key;
     EXPECT_LE(phases, j.at("seconds").get<double>());
   }
   EXPECT_EQ(lines, 2);
@@ -200,6 +202,21 @@ TEST(Trainer, MetricsFileHasALinePerEpochWithTheKeys) {
   EXPECT_NE(progress.str().find("epoch 1 step 4/4"), std::string::npos) << progress.str();
   EXPECT_NE(progress.str().find("epoch 2: train loss"), std::string::npos) << progress.str();
   EXPECT_NE(progress.str().find("test accuracy"), std::string::npos) << progress.str();
+}
+
+// --mode dp times every phase, its own two included, by waiting for the devices: each
+// one measured and the sum within the epoch.
+TEST(Trainer, DataParallelReportsBroadcastAndGatherWithTheOtherPhases) {
+  TrainConfig c = config_for(2, 8);
+  c.mode = Mode::kDp;
+  c.max_steps = 6;
+  const TrainResult result = run(c);
+  ASSERT_EQ(result.epochs.size(), 1u);
+  const PhaseSeconds& p = result.epochs[0].phase_seconds;
+  for (const double seconds : {p.broadcast, p.forward, p.gather, p.backward, p.comm_wait, p.optimizer})
+    EXPECT_GT(seconds, 0.0);
+  EXPECT_LE(p.data_wait + p.broadcast + p.forward + p.gather + p.backward + p.comm_wait + p.optimizer,
+            result.epochs[0].seconds);
 }
 
 // --trace: per rank, every phase of every traced step on its lane, each bucket's

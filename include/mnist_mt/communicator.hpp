@@ -6,6 +6,9 @@
 #include <cstddef>
 #include <optional>
 #include <span>
+#include <string>
+
+#include "mnist_mt/error.hpp"
 
 namespace mnist_mt {
 
@@ -21,6 +24,12 @@ class Communicator {
   virtual void broadcast(float* data, std::size_t count, int root) = 0;
   // The result lands in root's buffer only; other ranks' buffers are unchanged.
   virtual void reduce(float* data, std::size_t count, ReduceOp op, int root) = 0;
+  // Rank r's chunk is counts[r] floats; every rank passes the same counts. Root's `data`
+  // holds every chunk back to back in rank order. scatter: each other rank receives its
+  // chunk into its own `data`; gather: each other rank's chunk (its `data`) lands in its
+  // place in root's `data`. Root's own chunk stays where it is.
+  virtual void scatter(float* data, std::span<const std::size_t> counts, int root) = 0;
+  virtual void gather(float* data, std::span<const std::size_t> counts, int root) = 0;
   virtual void barrier() = 0;
   // Host values, synchronous: returns after every rank's values are summed into `data`.
   virtual void allreduce_host(std::span<double> data) = 0;
@@ -35,5 +44,12 @@ class Communicator {
   // collective of this group, now or later; their streams fail with Aborted.
   virtual void abort() = 0;
 };
+
+// Communicator implementations: a scatter or gather names one chunk per rank.
+inline void check_chunks(const Communicator& comm, std::span<const std::size_t> counts, int root) {
+  if (counts.size() != static_cast<std::size_t>(comm.size()) || root < 0 || root >= comm.size())
+    throw RuntimeFailure("scatter/gather of " + std::to_string(counts.size()) + " chunks from root " +
+                         std::to_string(root) + " among " + std::to_string(comm.size()) + " ranks");
+}
 
 }  // namespace mnist_mt

@@ -71,6 +71,27 @@ class Replica {
   // the next backward() starts from is d(sum of NLL)/d(logits) / loss_denominator:
   // the batch size for DDP, the global batch for the DataParallel baseline.
   virtual void forward(bool train, const DropoutKey& key, std::uint32_t loss_denominator) = 0;
+  // The DataParallel baseline (--mode dp) splits forward() at the network's output and
+  // moves rows between devices with collectives:
+  // forward() without the loss: the network's output rows, into logits().
+  virtual void forward_logits(bool train, const DropoutKey& key) = 0;
+  // The loss of rows [first, first + rows) of logits() against the labels of the last
+  // set_input() (a batch that had those rows), into the same rows of logit_grads(), as
+  // forward() computes it; its stats are this replica's.
+  virtual void loss(std::uint32_t first, std::uint32_t rows, std::uint32_t loss_denominator) = 0;
+  // The next forward and backward run on the first `rows` rows of the last set_input().
+  virtual void use_rows(std::uint32_t rows) = 0;
+  // Rows [0, samples.size()) of input() were written by a collective (with
+  // Device::compute_wait_comm() before the next forward); `samples` (host memory, free
+  // once this returns) are their sample indices, which key dropout. No labels: a replica
+  // fed this way computes no loss.
+  virtual void set_scattered_input(std::span<const std::uint32_t> samples) = 0;
+  // Flat device buffers of max_batch() rows: the normalised images (kImageBytes floats a
+  // row), the output rows the loss reads (kClasses floats; on GPUs fc2's output before
+  // its bias, which the loss adds) and their gradients, which backward() starts from.
+  virtual float* input() = 0;
+  virtual float* logits() = 0;
+  virtual float* logit_grads() = 0;
   // Backward pass from fc2 down to conv1. Right after enqueueing layer l's parameter
   // gradients (into grads(), layer_range(l)), calls grads_ready(l) on the calling
   // thread; work the callback enqueues on the comm stream after

@@ -77,6 +77,10 @@ struct TrainConfig {
 
 struct PhaseSeconds {
   double data_wait = 0, forward = 0, backward = 0, comm_wait = 0, optimizer = 0;
+  // --mode dp only (0 for ddp): the parameters and the input from device 0 to every
+  // device before forward; the outputs to device 0, the loss there and the output
+  // gradients back, between forward and backward.
+  double broadcast = 0, gather = 0;
 };
 
 struct EpochMetrics {

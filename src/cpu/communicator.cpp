@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "host_group.hpp"
 
@@ -27,6 +28,18 @@ class CpuCommunicator final : public Communicator {
   void reduce(float* data, std::size_t count, ReduceOp op, int root) override {
     enqueue([g = group_, r = rank_, data, count, op, root, sum = squares_] {
       *sum += g->reduce(r, data, count, op, root);
+    });
+  }
+  void scatter(float* data, std::span<const std::size_t> counts, int root) override {
+    check_chunks(*this, counts, root);
+    enqueue([g = group_, r = rank_, data, c = std::vector<std::size_t>(counts.begin(), counts.end()), root] {
+      g->scatter(r, data, c, root);
+    });
+  }
+  void gather(float* data, std::span<const std::size_t> counts, int root) override {
+    check_chunks(*this, counts, root);
+    enqueue([g = group_, r = rank_, data, c = std::vector<std::size_t>(counts.begin(), counts.end()), root] {
+      g->gather(r, data, c, root);
     });
   }
   void barrier() override {

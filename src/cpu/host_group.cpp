@@ -117,6 +117,33 @@ void HostGroup::broadcast(int rank, float* data, std::size_t count, int root) {
   });
 }
 
+namespace {
+std::size_t offset_of(std::span<const std::size_t> counts, int rank) {
+  std::size_t at = 0;
+  for (int r = 0; r < rank; ++r) at += counts[static_cast<std::size_t>(r)];
+  return at;
+}
+}  // namespace
+
+// Each rank copies its own chunk, from or into root's buffer, between the barriers.
+void HostGroup::scatter(int rank, float* data, std::span<const std::size_t> counts, int root) {
+  collective([&] {
+    buffers_[rank] = data;
+    barrier();
+    if (rank != root) copy(data, buffers_[root] + offset_of(counts, rank), counts[static_cast<std::size_t>(rank)]);
+    barrier();
+  });
+}
+
+void HostGroup::gather(int rank, float* data, std::span<const std::size_t> counts, int root) {
+  collective([&] {
+    buffers_[rank] = data;
+    barrier();
+    if (rank != root) copy(buffers_[root] + offset_of(counts, rank), data, counts[static_cast<std::size_t>(rank)]);
+    barrier();
+  });
+}
+
 // Each rank sums its chunk straight into root's buffer. Root's result: as allreduce's.
 double HostGroup::reduce(int rank, float* data, std::size_t count, ReduceOp op, int root) {
   double total = 0;

@@ -34,6 +34,9 @@ class HostGroup {
   // The result lands in root's buffer only; root gets its sum of squares as allreduce
   // does, the others 0.
   double reduce(int rank, float* data, std::size_t count, ReduceOp op, int root);
+  // Communicator::scatter and gather: root's buffer holds every rank's chunk in rank order.
+  void scatter(int rank, float* data, std::span<const std::size_t> counts, int root);
+  void gather(int rank, float* data, std::span<const std::size_t> counts, int root);
   // Few values: every rank sums all of them, in rank order.
   void allreduce_host(int rank, std::span<double> data);
 

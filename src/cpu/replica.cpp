@@ -83,27 +83,77 @@ class CpuReplicaImpl final : public CpuReplica {
         batch.labels.size() < batch.size || batch.indices.size() < batch.size)
       throw RuntimeFailure(device_.name() + ": batch of " + std::to_string(batch.size) + " samples, replica holds 1.." +
                            std::to_string(max_batch_) + " (or the batch's buffers are short)");
-    Plan* plan = &plan_for(batch.size);
+    const std::uint32_t n = batch.size;
     // The staging copy is free again once the previous input's copy task has run.
     device_.compute().wait(staged_ticket_);
-    std::memcpy(staged_images_.data(), batch.images.data(), std::size_t{batch.size} * kImageBytes);
-    std::memcpy(staged_labels_.data(), batch.labels.data(), batch.size);
-    std::memcpy(staged_samples_.data(), batch.indices.data(), batch.size * sizeof(std::uint32_t));
-    staged_ticket_ = device_.compute().enqueue([this, plan] {
+    std::memcpy(staged_images_.data(), batch.images.data(), std::size_t{n} * kImageBytes);
+    std::memcpy(staged_labels_.data(), batch.labels.data(), n);
+    std::memcpy(staged_samples_.data(), batch.indices.data(), n * sizeof(std::uint32_t));
+    staged_ticket_ = device_.compute().enqueue([this, n] {
       timed(kInputOp, [&] {
-        normalise_images(staged_images_.data(), std::size_t{plan->batch} * kImageBytes, buffers_.input.get());
-        std::memcpy(buffers_.labels.get(), staged_labels_.data(), plan->batch);
-        std::memcpy(buffers_.samples.get(), staged_samples_.data(), plan->batch * sizeof(std::uint32_t));
+        normalise_images(staged_images_.data(), std::size_t{n} * kImageBytes, buffers_.input.get());
+        std::memcpy(buffers_.labels.get(), staged_labels_.data(), n);
+        std::memcpy(buffers_.samples.get(), staged_samples_.data(), n * sizeof(std::uint32_t));
       });
     });
-    plan_ = plan;
+    input_rows_ = labelled_rows_ = n;
+    use_rows(n);
   }
 
+  void set_scattered_input(std::span<const std::uint32_t> samples) override {
+    const std::size_t n = samples.size();
+    if (n == 0 || n > max_batch_)
+      throw RuntimeFailure(device_.name() + ": scattered input of " + std::to_string(n) + " rows, replica holds 1.." +
+                           std::to_string(max_batch_));
+    device_.compute().wait(staged_ticket_);
+    std::memcpy(staged_samples_.data(), samples.data(), n * sizeof(std::uint32_t));
+    staged_ticket_ = device_.compute().enqueue([this, n] {
+      std::memcpy(buffers_.samples.get(), staged_samples_.data(), n * sizeof(std::uint32_t));
+    });
+    input_rows_ = static_cast<std::uint32_t>(n);
+    labelled_rows_ = 0;
+    use_rows(input_rows_);
+  }
+
+  void use_rows(std::uint32_t rows) override {
+    if (rows == 0 || rows > input_rows_)
+      throw RuntimeFailure(device_.name() + ": use_rows(" + std::to_string(rows) + ") of an input of " +
+                           std::to_string(input_rows_) + " rows");
+    rows_ = rows;
+    plan_ = nullptr;  // found (or built) when the rows are first used
+  }
+
+  float* input() override { return buffers_.input.get(); }
+  float* logits() override { return buffers_.logits.get(); }
+  float* logit_grads() override { return buffers_.dlogits.get(); }
+
   void forward(bool train, const DropoutKey& key, std::uint32_t loss_denominator) override {
-    Plan* plan = current_plan();
     if (loss_denominator == 0) throw RuntimeFailure(device_.name() + ": forward with loss_denominator 0");
-    device_.compute().enqueue([this, plan, train, key, loss_denominator] {
-      run_forward(*plan, train, key, static_cast<float>(loss_denominator));
+    forward_logits(train, key);
+    loss(0, rows_, loss_denominator);
+  }
+
+  void forward_logits(bool train, const DropoutKey& key) override {
+    Plan* plan = current_plan();
+    device_.compute().enqueue([this, plan, train, key] { run_forward(*plan, train, key); });
+  }
+
+  void loss(std::uint32_t first, std::uint32_t rows, std::uint32_t loss_denominator) override {
+    if (loss_denominator == 0) throw RuntimeFailure(device_.name() + ": loss with loss_denominator 0");
+    if (rows == 0 || first + rows > labelled_rows_)
+      throw RuntimeFailure(device_.name() + ": loss of rows " + std::to_string(first) + ".." +
+                           std::to_string(first + rows) + ", the labelled input has " +
+                           std::to_string(labelled_rows_));
+    device_.compute().enqueue([this, first, rows, d = static_cast<float>(loss_denominator)] {
+      const std::size_t at = std::size_t{first} * kClasses;
+      LossSums sums;
+      timed(kLossOp, [&] {
+        log_softmax_nll(buffers_.logits.get() + at, buffers_.labels.get() + first, rows, d, buffers_.logp.get() + at,
+                        buffers_.dlogits.get() + at, sums);
+      });
+      pending_.loss_sum += sums.loss;
+      pending_.correct += sums.correct;
+      pending_.samples += rows;
     });
   }
 
@@ -186,7 +236,8 @@ class CpuReplicaImpl final : public CpuReplica {
   }
 
   void read_logprobs(std::span<float> out) override {
-    const std::size_t count = std::size_t{current_plan()->batch} * kClasses;
+    if (rows_ == 0) throw RuntimeFailure(device_.name() + ": read_logprobs before set_input");
+    const std::size_t count = std::size_t{rows_} * kClasses;
     if (out.size() != count)
       throw RuntimeFailure("read_logprobs: " + std::to_string(out.size()) + " floats, the batch has " +
                            std::to_string(count));
@@ -232,8 +283,9 @@ class CpuReplicaImpl final : public CpuReplica {
   }
 
  private:
-  Plan* current_plan() const {
-    if (plan_ == nullptr) throw RuntimeFailure(device_.name() + ": replica used before set_input");
+  Plan* current_plan() {
+    if (rows_ == 0) throw RuntimeFailure(device_.name() + ": replica used before set_input");
+    if (plan_ == nullptr) plan_ = &plan_for(rows_);
     return plan_;
   }
 
@@ -314,7 +366,7 @@ class CpuReplicaImpl final : public CpuReplica {
                            std::to_string(kParamCount));
   }
 
-  void run_forward(const Plan& plan, bool train, const DropoutKey& key, float loss_denominator) {
+  void run_forward(const Plan& plan, bool train, const DropoutKey& key) {
     const std::uint32_t n = plan.batch;
     const float* p = params_.get();
     timed(kConv1Forward, [&] {
@@ -341,14 +393,6 @@ class CpuReplicaImpl final : public CpuReplica {
       run(plan.fc2, stream_);
       stream_.wait();
     });
-    LossSums sums;
-    timed(kLossOp, [&] {
-      log_softmax_nll(buffers_.logits.get(), buffers_.labels.get(), n, loss_denominator, buffers_.logp.get(),
-                      buffers_.dlogits.get(), sums);
-    });
-    pending_.loss_sum += sums.loss;
-    pending_.correct += sums.correct;
-    pending_.samples += n;
   }
 
   CpuDevice& device_;
@@ -362,7 +406,9 @@ class CpuReplicaImpl final : public CpuReplica {
   Buffers buffers_;
   std::map<std::uint32_t, std::unique_ptr<Plan>> plans_;
 
-  // Host side: the current input's plan, and the staging copy of the batch.
+  // Host side: the rows of the last input, those that have labels, those the next
+  // forward and backward use and their plan (null until first used); the staging copy.
+  std::uint32_t input_rows_ = 0, labelled_rows_ = 0, rows_ = 0;
   Plan* plan_ = nullptr;
   std::vector<std::uint8_t> staged_images_, staged_labels_;
   std::vector<std::uint32_t> staged_samples_;

@@ -126,6 +126,14 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  // Point-to-point inside a group, as NCCL's documentation builds a scatter and a gather.
+  void scatter(float* data, std::span<const std::size_t> counts, int root) override {
+    point_to_point(data, counts, root, true);
+  }
+  void gather(float* data, std::span<const std::size_t> counts, int root) override {
+    point_to_point(data, counts, root, false);
+  }
+
   void barrier() override {
     float* one = barrier_scratch_.data();
     guarded([&] {
@@ -159,6 +167,41 @@ class NcclCommunicator final : public Communicator {
   void throw_if_aborted() const {
     if (group_->aborted()) throw Aborted("cuda:" + std::to_string(device_id_) + " rank " + std::to_string(rank_) +
                                          ": collective released, the group was aborted");
+  }
+
+  // Root sends (scatter) or receives (gather) every other rank's chunk at its offset; the
+  // others receive or send their own.
+  void point_to_point(float* data, std::span<const std::size_t> counts, int root, bool scatter) {
+    check_chunks(*this, counts, root);
+    guarded([&] {
+      nccl([&](ncclComm_t c) {
+        NCCL_CHECK(ncclGroupStart());
+        try {
+          if (rank_ == root) {
+            std::size_t at = 0;
+            for (int r = 0; r < size(); ++r) {
+              const std::size_t n = counts[static_cast<std::size_t>(r)];
+              if (r != root && n > 0) {
+                if (scatter)
+                  NCCL_CHECK(ncclSend(data + at, n, ncclFloat, r, c, stream_));
+                else
+                  NCCL_CHECK(ncclRecv(data + at, n, ncclFloat, r, c, stream_));
+              }
+              at += n;
+            }
+          } else if (const std::size_t n = counts[static_cast<std::size_t>(rank_)]; n > 0) {
+            if (scatter)
+              NCCL_CHECK(ncclRecv(data, n, ncclFloat, root, c, stream_));
+            else
+              NCCL_CHECK(ncclSend(data, n, ncclFloat, root, c, stream_));
+          }
+        } catch (...) {
+          ncclGroupEnd();
+          throw;
+        }
+        NCCL_CHECK(ncclGroupEnd());
+      });
+    });
   }
 
   // Calls into this rank's communicator, or throws Aborted once abort() has freed it.
@@ -212,6 +255,10 @@ void connect_peers(std::span<CudaDevice* const> devices, std::span<const std::un
     grouped([&](Communicator& c, float* b) { c.broadcast(b, count, 0); });
     grouped([&](Communicator& c, float* b) { c.reduce(b, count, ReduceOp::kSum, 0); });
   }
+  // The DataParallel baseline's point-to-point scatter and gather connect too.
+  const std::vector<std::size_t> chunks(devices.size(), 1);
+  grouped([&](Communicator& c, float* b) { c.scatter(b, chunks, 0); });
+  grouped([&](Communicator& c, float* b) { c.gather(b, chunks, 0); });
   for (std::size_t r = 0; r < devices.size(); ++r) {
     devices[r]->activate();
     devices[r]->synchronize();

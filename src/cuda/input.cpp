@@ -44,25 +44,47 @@ DeviceBatch InputStage::upload(const Batch& batch) {
       batch.indices.size() < n)
     throw RuntimeFailure(device_.name() + ": batch of " + std::to_string(n) + " samples for a replica of at most " +
                          std::to_string(max_batch_) + ", or its buffers are short");
-  current_ ^= 1;
-  Slot& s = slots_[current_];
   const Layout at = layout(n);
-
-  // The host may overwrite the pinned slot once its previous upload is done: normally
-  // long ago, since two batches were enqueued after it.
-  CUDA_CHECK(cudaEventSynchronize(s.uploaded.get()));
-  std::uint8_t* host = s.host.data();
+  std::uint8_t* host = next_slot();
   std::memcpy(host, batch.images.data(), std::size_t{n} * kImageBytes);
   std::memcpy(host + at.labels, batch.labels.data(), n);
   std::memcpy(host + at.indices, batch.indices.data(), std::size_t{n} * sizeof(std::uint32_t));
+  const std::uint8_t* dev = send(0, at.bytes);
+  return {n, dev, dev + at.labels, reinterpret_cast<const std::uint32_t*>(dev + at.indices)};
+}
 
+DeviceBatch InputStage::upload_indices(std::span<const std::uint32_t> indices) {
+  const std::size_t n = indices.size();
+  if (n == 0 || n > max_batch_)
+    throw RuntimeFailure(device_.name() + ": sample indices of " + std::to_string(n) +
+                         " rows for a replica of at most " + std::to_string(max_batch_));
+  const Layout at = layout(static_cast<std::uint32_t>(n));
+  std::uint8_t* host = next_slot();
+  std::memcpy(host + at.indices, indices.data(), n * sizeof(std::uint32_t));
+  const std::uint8_t* dev = send(at.indices, n * sizeof(std::uint32_t));
+  return {static_cast<std::uint32_t>(n), nullptr, nullptr, reinterpret_cast<const std::uint32_t*>(dev + at.indices)};
+}
+
+// The host may overwrite the pinned slot once its previous upload is done: normally
+// long ago, since two batches were enqueued after it.
+std::uint8_t* InputStage::next_slot() {
+  current_ ^= 1;
+  Slot& s = slots_[current_];
+  CUDA_CHECK(cudaEventSynchronize(s.uploaded.get()));
+  return s.host.data();
+}
+
+// Uploads bytes [from, from + bytes) of the current slot once the compute stream has
+// finished reading it; compute work enqueued from now on sees them. Returns the slot's
+// device memory.
+const std::uint8_t* InputStage::send(std::size_t from, std::size_t bytes) {
+  Slot& s = slots_[current_];
   CUDA_CHECK(cudaStreamWaitEvent(device_.copy(), s.consumed.get(), 0));
-  CUDA_CHECK(cudaMemcpyAsync(s.device.data(), host, at.bytes, cudaMemcpyHostToDevice, device_.copy()));
+  CUDA_CHECK(cudaMemcpyAsync(s.device.data() + from, s.host.data() + from, bytes, cudaMemcpyHostToDevice,
+                             device_.copy()));
   CUDA_CHECK(cudaEventRecord(s.uploaded.get(), device_.copy()));
   CUDA_CHECK(cudaStreamWaitEvent(device_.compute(), s.uploaded.get(), 0));
-
-  const std::uint8_t* dev = s.device.data();
-  return {n, dev, dev + at.labels, reinterpret_cast<const std::uint32_t*>(dev + at.indices)};
+  return s.device.data();
 }
 
 void InputStage::release() { CUDA_CHECK(cudaEventRecord(slots_[current_].consumed.get(), device_.compute())); }

@@ -4,6 +4,7 @@
 // slots the upload of the next batch overlaps the compute still reading the last one.
 #include <array>
 #include <cstdint>
+#include <span>
 
 #include "device.hpp"
 #include "mnist_mt/batch.hpp"
@@ -27,11 +28,17 @@ class InputStage {
   // Copies `batch` into the next slot and enqueues its upload; work enqueued on the
   // compute stream from now on sees it. The batch may be reused once this returns.
   DeviceBatch upload(const Batch& batch);
+  // upload() of sample indices alone (images and labels null), for rows whose images
+  // arrive by a collective.
+  DeviceBatch upload_indices(std::span<const std::uint32_t> indices);
   // The compute stream's work enqueued so far is the last to read the current slot: the
   // upload that next overwrites it waits for that work.
   void release();
 
  private:
+  std::uint8_t* next_slot();
+  const std::uint8_t* send(std::size_t from, std::size_t bytes);
+
   struct Slot {
     PinnedBuffer<std::uint8_t> host;
     DeviceBuffer<std::uint8_t> device;

@@ -124,12 +124,50 @@ class CudaReplica final : public Replica {
     normalize_images(batch_.images, x_.data(), std::size_t{batch_.size} * kImageBytes, kInputMean, kInputStd,
                      stream());
     input_.release();
+    input_rows_ = labelled_rows_ = batch_.size;
   }
 
+  void set_scattered_input(std::span<const std::uint32_t> samples) override {
+    device_.activate();
+    batch_ = input_.upload_indices(samples);
+    input_rows_ = batch_.size;
+    labelled_rows_ = 0;
+  }
+
+  void use_rows(std::uint32_t rows) override {
+    if (rows == 0 || rows > input_rows_)
+      throw RuntimeFailure(device_.name() + ": use_rows(" + std::to_string(rows) + ") of an input of " +
+                           std::to_string(input_rows_) + " rows");
+    batch_.size = rows;
+  }
+
+  float* input() override { return x_.data(); }
+  float* logits() override { return z_.data(); }
+  float* logit_grads() override { return dlogits_.data(); }
+
   void forward(bool train, const DropoutKey& key, std::uint32_t loss_denominator) override {
+    if (loss_denominator == 0) throw RuntimeFailure(device_.name() + ": forward() with a loss denominator of 0");
+    forward_logits(train, key);
+    loss(0, static_cast<std::uint32_t>(rows("forward")), loss_denominator);
+  }
+
+  // fc2's bias is added by the loss (log_softmax_nll), on the device that computes it.
+  void loss(std::uint32_t first, std::uint32_t rows, std::uint32_t loss_denominator) override {
+    device_.activate();
+    if (loss_denominator == 0) throw RuntimeFailure(device_.name() + ": loss() with a loss denominator of 0");
+    if (rows == 0 || first + rows > labelled_rows_)
+      throw RuntimeFailure(device_.name() + ": loss of rows " + std::to_string(first) + ".." +
+                           std::to_string(first + rows) + ", the labelled input has " +
+                           std::to_string(labelled_rows_));
+    const std::size_t at = std::size_t{first} * kFc2Out;
+    log_softmax_nll(z_.data() + at, param(7), batch_.labels + first, rows, static_cast<float>(loss_denominator),
+                    logprobs_.data() + at, dlogits_.data() + at, stats_.data() + kStatPending, stream());
+    input_.release();
+  }
+
+  void forward_logits(bool train, const DropoutKey& key) override {
     device_.activate();
     const int n = rows("forward");
-    if (loss_denominator == 0) throw RuntimeFailure(device_.name() + ": forward() with a loss denominator of 0");
     const DropoutArgs none;
     const DropoutArgs drop1 = train ? dropout(batch_, key, RandomStream::kDropout0, kDropout1) : none;
     const DropoutArgs drop2 = train ? dropout(batch_, key, RandomStream::kDropout1, kDropout2) : none;
@@ -143,8 +181,6 @@ class CudaReplica final : public Replica {
     linear_forward(cublas_.get(), pooled_.data(), param(4), h_.data(), n, kFc1In, kFc1Out);
     bias_relu_dropout(h_.data(), param(5), n, kFc1Out, 1, drop2, stream());
     linear_forward(cublas_.get(), h_.data(), param(6), z_.data(), n, kFc1Out, kFc2Out);
-    log_softmax_nll(z_.data(), param(7), batch_.labels, n, static_cast<float>(loss_denominator), logprobs_.data(),
-                    dlogits_.data(), stats_.data() + kStatPending, stream());
     input_.release();
     pool_scale_ = drop1.scale;
     fc1_scale_ = drop2.scale;
@@ -326,6 +362,7 @@ class CudaReplica final : public Replica {
     forward(true, {}, n);
     backward([](int) {});
     batch_ = {};
+    input_rows_ = labelled_rows_ = 0;
   }
 
   CudaDevice& device_;
@@ -347,7 +384,8 @@ class CudaReplica final : public Replica {
   DeviceBuffer<double> squares_;  // sum_of_squares' partial sums and total
   DeviceBuffer<int> gate_;        // guarded_sgd_step's decision
   InputStage input_;
-  DeviceBatch batch_;
+  DeviceBatch batch_;  // size: the rows the next forward and backward use
+  std::uint32_t input_rows_ = 0, labelled_rows_ = 0;  // of the last input; those with labels
   std::vector<std::uint32_t> prepared_;  // batch sizes whose algorithms are chosen and loaded
   // Scales the last forward pass gave kept elements (1: no dropout), for backward().
   float pool_scale_ = 1.0f;

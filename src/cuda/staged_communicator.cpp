@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "errors.hpp"
 #include "cpu/host_group.hpp"
@@ -86,6 +87,16 @@ class StagedCommunicator final : public Communicator {
     staged(data, count,
            [op, root](cpu::HostGroup& g, int r, float* s, std::size_t n) { g.reduce(r, s, n, op, root); });
   }
+  void scatter(float* data, std::span<const std::size_t> counts, int root) override {
+    chunked(data, counts, root, [root](cpu::HostGroup& g, int r, float* s, std::span<const std::size_t> c) {
+      g.scatter(r, s, c, root);
+    });
+  }
+  void gather(float* data, std::span<const std::size_t> counts, int root) override {
+    chunked(data, counts, root, [root](cpu::HostGroup& g, int r, float* s, std::span<const std::size_t> c) {
+      g.gather(r, s, c, root);
+    });
+  }
   void barrier() override {
     staged(nullptr, 0, [](cpu::HostGroup& g, int, float*, std::size_t) { g.barrier(); });
   }
@@ -133,6 +144,22 @@ class StagedCommunicator final : public Communicator {
       if (n > 0) CUDA_CHECK(cudaMemcpyAsync(data + at, stage_.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream));
       at += n;
     } while (at < count);
+  }
+
+  // A scatter or gather goes through the stage in one piece: root stages every chunk,
+  // the others their own.
+  template <typename Body>
+  void chunked(float* data, std::span<const std::size_t> counts, int root, Body body) {
+    check_chunks(*this, counts, root);
+    std::size_t total = 0;
+    for (const std::size_t n : counts) total += n;
+    if (total > kStageFloats)
+      throw RuntimeFailure(device_.name() + " rank " + std::to_string(rank_) + ": a scatter or gather of " +
+                           std::to_string(total) + " floats exceeds the staging buffer of " +
+                           std::to_string(kStageFloats) + " (ranks sharing a GPU)");
+    const std::size_t mine = rank_ == root ? total : counts[static_cast<std::size_t>(rank_)];
+    staged(data, mine, [c = std::vector<std::size_t>(counts.begin(), counts.end()), body](
+                           cpu::HostGroup& g, int r, float* stage, std::size_t) { body(g, r, stage, c); });
   }
 
   // On CUDA's host-function thread, in the comm stream's order: the stage holds

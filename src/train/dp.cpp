@@ -1,11 +1,21 @@
-// The DataParallel-style baseline (DESIGN.md decision 7): one host thread drives every
-// device. Each step: broadcast the parameters from device 0, scatter the global batch,
-// forward everywhere with the loss over the global batch, backward everywhere, reduce
-// the gradients to device 0 and update there. Nothing overlaps; it is the yardstick.
+// The DataParallel baseline (DESIGN.md decision 7), as torch.nn.DataParallel does it from
+// one host thread. Each step: the global batch to device 0; the parameters broadcast from
+// device 0 and the batch scattered from it; forward on every device; the outputs gathered
+// to device 0 and the loss of the global batch computed there; the output gradients
+// scattered; backward on every device; the gradients reduced to device 0 (after the
+// whole backward, no overlap) and the update there, the only optimizer state. The other
+// devices' replicas are refreshed every step. Nothing overlaps; it is the yardstick.
+// Device d's chunk holds the samples the loader's shard d has, so dropout, keyed per
+// sample, masks what DDP's rank d masks.
+#include <cmath>
+#include <cstring>
 #include <functional>
+#include <limits>
+#include <span>
 #include <optional>
 #include <string>
 
+#include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "run.hpp"
@@ -19,10 +29,15 @@ class DpLoop {
 
   void operator()() noexcept {
     try {
+      const std::uint32_t global = run_.config.batch * static_cast<std::uint32_t>(run_.world());
       for (int d = 0; d < run_.world(); ++d) {
-        replicas_.push_back(run_.backend.make_replica(on(d), run_.config.batch));
+        // Device 0 holds the global batch, its outputs and their gradients.
+        replicas_.push_back(run_.backend.make_replica(on(d), d == 0 ? global : run_.config.batch));
         replicas_.back()->prepare(run_.batch_sizes(d));
       }
+      batch_.images.resize(std::size_t{global} * kImageBytes);
+      batch_.labels.resize(global);
+      batch_.indices.resize(global);
       on(0);
       replicas_[0]->write_params(run_.start.params);
       if (!run_.start.momentum.empty()) replicas_[0]->write_momentum(run_.start.momentum);
@@ -70,11 +85,26 @@ class DpLoop {
   // Device 0's parameters to every device; the host waits until all have them.
   void broadcast_params() {
     collective([&](int d) { run_.comms[d]->broadcast(replicas_[d]->params(), kParamCount, 0); });
+    synchronize_all();
+  }
+
+  void synchronize_all() {
     for (int d = 0; d < run_.world(); ++d) on(d).synchronize();
   }
 
-  void wait_compute_all() {
-    for (int d = 0; d < run_.world(); ++d) on(d).wait_compute();
+  // Rows of `width` floats, chunk d of device 0's `buffer(0)` to device d's `buffer(d)`
+  // (scatter) or back (gather), then every device's compute stream waits for it.
+  void move_rows(bool scatter, std::size_t width, float* (Replica::*buffer)()) {
+    std::vector<std::size_t> counts;
+    for (const std::uint32_t rows : chunks_) counts.push_back(rows * width);
+    collective([&](int d) {
+      float* data = (replicas_[d].get()->*buffer)();
+      if (scatter)
+        run_.comms[d]->scatter(data, counts, 0);
+      else
+        run_.comms[d]->gather(data, counts, 0);
+    });
+    for (int d = 0; d < run_.world(); ++d) on(d).compute_wait_comm();
   }
 
   // False when a stop request ended the run inside this epoch. The watchdog sees the
@@ -116,43 +146,53 @@ class DpLoop {
   std::optional<StepStats> step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {
     const int world = run_.world();
     Stopwatch clock;
-    std::vector<const Batch*> batches(world);
-    std::uint32_t global = 0;
     run_.beat(0, step_, Phase::kData);
-    for (int d = 0; d < world; ++d) {
-      on(d);
-      run_.inject_fault(d, step_);
-      batches[d] = loader.next(d);
-      if (batches[d] == nullptr) throw RuntimeFailure("the loader ended early");
-      global += batches[d]->size;
-    }
+    gather_batch(loader);
     phase.data_wait += clock.lap();
 
-    broadcast_params();
-    phase.comm_wait += clock.lap();
+    run_.beat(0, step_, Phase::kCollective);
+    collective([&](int d) { run_.comms[d]->broadcast(replicas_[d]->params(), kParamCount, 0); });
+    on(0);
+    replicas_[0]->set_input(batch_);
+    move_rows(true, kImageBytes, &Replica::input);
+    std::uint32_t first = 0;
+    for (int d = 0; d < world; ++d) {
+      on(d);
+      const std::span<const std::uint32_t> samples(batch_.indices.data() + first, chunks_[d]);
+      if (d == 0)
+        replicas_[0]->use_rows(chunks_[0]);
+      else
+        replicas_[d]->set_scattered_input(samples);
+      first += chunks_[d];
+    }
+    synchronize_all();
+    phase.broadcast += clock.lap();
 
     run_.beat(0, step_, Phase::kForward);
-    StepStats stats;
     for (int d = 0; d < world; ++d) {
       on(d);
       run_.inject_nan(d, step_, *replicas_[d]);
-      replicas_[d]->set_input(*batches[d]);
-      replicas_[d]->forward(true, key, global);
+      replicas_[d]->forward_logits(true, key);
     }
-    for (int d = 0; d < world; ++d) {
-      on(d);
-      const StepStats device_stats = replicas_[d]->take_stats();
-      run_.check_loss(device_stats.loss_sum);  // naming the device
-      stats += device_stats;
-    }
+    for (int d = 0; d < world; ++d) on(d).wait_compute();
     phase.forward += clock.lap();
-    run_.beat(0, step_, Phase::kBackward);
 
+    run_.beat(0, step_, Phase::kCollective);
+    move_rows(false, kClasses, &Replica::logits);
+    on(0);
+    replicas_[0]->loss(0, batch_.size, batch_.size);
+    const StepStats stats = replicas_[0]->take_stats();
+    if (!std::isfinite(stats.loss_sum)) blame_non_finite_loss();
+    move_rows(true, kClasses, &Replica::logit_grads);
+    synchronize_all();
+    phase.gather += clock.lap();
+
+    run_.beat(0, step_, Phase::kBackward);
     for (int d = 0; d < world; ++d) {
       on(d);
       replicas_[d]->backward([](int) {});
     }
-    wait_compute_all();
+    for (int d = 0; d < world; ++d) on(d).wait_compute();
     phase.backward += clock.lap();
 
     run_.beat(0, step_, Phase::kCommWait);
@@ -160,6 +200,7 @@ class DpLoop {
     on(0).synchronize();
     phase.comm_wait += clock.lap();
 
+    run_.beat(0, step_, Phase::kOptimizer);
     on(0).compute_wait_comm();
     const bool apply = run_.apply_update(0, stats.loss_sum, reduced_grad_norm(*run_.comms[0], *replicas_[0]));
     if (apply) replicas_[0]->sgd_step(run_.config.sgd);
@@ -168,6 +209,47 @@ class DpLoop {
     phase.optimizer += clock.lap();
     if (!apply) return std::nullopt;
     return stats;
+  }
+
+  // The step's global batch on the host, shard d as chunk d.
+  void gather_batch(Loader& loader) {
+    const int world = run_.world();
+    chunks_.assign(static_cast<std::size_t>(world), 0);
+    std::uint32_t n = 0;
+    for (int d = 0; d < world; ++d) {
+      on(d);
+      run_.inject_fault(d, step_);
+      const Batch* b = loader.next(d);
+      if (b == nullptr) throw RuntimeFailure("the loader ended early");
+      if (b->size == 0) throw RuntimeFailure("an empty training shard");  // drop_last makes every shard full
+      std::memcpy(batch_.images.data() + std::size_t{n} * kImageBytes, b->images.data(),
+                  std::size_t{b->size} * kImageBytes);
+      std::memcpy(batch_.labels.data() + n, b->labels.data(), b->size);
+      std::memcpy(batch_.indices.data() + n, b->indices.data(), b->size * sizeof(std::uint32_t));
+      chunks_[static_cast<std::size_t>(d)] = b->size;
+      batch_.epoch = b->epoch;
+      batch_.step = b->step;
+      n += b->size;
+    }
+    batch_.size = n;
+  }
+
+  // The global loss is not finite: under --on-nan stop, the first device whose own rows'
+  // loss is not finite fails the run (device 0 computes every row's loss; each row came
+  // from one device). Under skip, the non-finite gradients drop the update.
+  void blame_non_finite_loss() {
+    if (run_.config.on_nan != NanPolicy::kStop) return;
+    std::uint32_t first = 0;
+    for (int d = 0; d < run_.world(); ++d) {
+      on(0);
+      replicas_[0]->loss(first, chunks_[d], batch_.size);
+      const double loss_sum = replicas_[0]->take_stats().loss_sum;
+      first += chunks_[d];
+      on(d);
+      run_.check_loss(loss_sum);
+    }
+    on(0);
+    run_.check_loss(std::numeric_limits<double>::quiet_NaN());
   }
 
   // Every device its shard of the test set, with device 0's parameters.
@@ -196,6 +278,8 @@ class DpLoop {
   std::uint64_t step_;
   int rank_ = 0;  // the device being driven
   std::vector<std::unique_ptr<Replica>> replicas_;
+  Batch batch_;                       // the step's global batch, as device 0 gets it
+  std::vector<std::uint32_t> chunks_;  // its rows per device
 };
 
 }  // namespace

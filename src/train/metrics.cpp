@@ -29,7 +29,9 @@ void MetricsFile::write(const EpochMetrics& m) {
         {"forward", m.phase_seconds.forward},
         {"backward", m.phase_seconds.backward},
         {"comm_wait", m.phase_seconds.comm_wait},
-        {"optimizer", m.phase_seconds.optimizer}}},
+        {"optimizer", m.phase_seconds.optimizer},
+        {"broadcast", m.phase_seconds.broadcast},
+        {"gather", m.phase_seconds.gather}}},
   };
   out_ << line.dump() << '\n' << std::flush;
   if (!out_) throw RuntimeFailure("metrics file " + path_.string() + ": writing failed");
