@@ -115,6 +115,10 @@ void bench_step(benchmark::State& state, Backend& backend, Mode mode, int world,
   state.counters["fwd_us"] = p.forward * us;
   state.counters["bwd_us"] = p.backward * us;
   state.counters["opt_us"] = p.optimizer * us;
+  if (p.broadcast + p.gather > 0) {  // --mode dp's own phases
+    state.counters["bcast_us"] = p.broadcast * us;
+    state.counters["gather_us"] = p.gather * us;
+  }
 }
 
 void register_steps(Backend& backend, int max_world) {

@@ -72,7 +72,7 @@ int interrupted(const Interruption& i) {
 
 void add_train_flags(CLI::App& app, TrainFlags& f) {
   add_device_flags(app, f.device);
-  app.add_option("--mode", f.mode, "ddp, or dp for the DataParallel-style baseline")
+  app.add_option("--mode", f.mode, "ddp, or dp for torch.nn.DataParallel's step: one host thread, device 0 holds the batch, the loss and the update")
       ->check(CLI::IsMember({"ddp", "dp"}))
       ->capture_default_str();
   app.add_option("--epochs", f.epochs, "Epochs the run trains in all (with --load: up to this many)")

@@ -11,9 +11,10 @@
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <span>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
