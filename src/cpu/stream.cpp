@@ -1,5 +1,6 @@
 #include "stream.hpp"
 
+#include <algorithm>
 #include <utility>
 
 #include "mnist_mt/error.hpp"
@@ -41,7 +42,10 @@ bool Stream::passed(std::uint64_t ticket) const {
 
 std::exception_ptr Stream::wait_quiet(std::uint64_t ticket) {
   std::unique_lock lock(mutex_);
-  done_cv_.wait(lock, [&] { return completed_ >= ticket; });
+  while (completed_ < ticket) {
+    wake_at_ = std::min(wake_at_, ticket);
+    done_cv_.wait(lock);
+  }
   return error_;
 }
 
@@ -77,12 +81,14 @@ void Stream::run(std::function<void()> on_start) {
       }
     }
     task.run = nullptr;  // release captures before the task counts as complete
+    bool wake;
     {
       std::lock_guard lock(mutex_);
       if (error && !error_) error_ = error;
-      ++completed_;
+      wake = ++completed_ >= wake_at_;
+      if (wake) wake_at_ = kNobody;  // those still short of their ticket ask again
     }
-    done_cv_.notify_all();
+    if (wake) done_cv_.notify_all();
   }
 }
 

@@ -7,6 +7,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -52,6 +53,10 @@ class Stream {
   std::deque<Task> queue_;
   std::uint64_t enqueued_ = 0;
   std::uint64_t completed_ = 0;
+  // The lowest ticket a waiter waits for: a task wakes the waiters only once it completes
+  // that one, not after every task (the comm stream waits while compute runs a dozen).
+  static constexpr std::uint64_t kNobody = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t wake_at_ = kNobody;
   std::exception_ptr error_;
   bool stopping_ = false;
   std::thread thread_;
