@@ -90,23 +90,30 @@ constexpr std::size_t at_blocked(std::size_t channels, std::size_t side, std::si
   return (((n * (channels / B) + cb) * side + y) * side + x) * B;
 }
 
-void weights(const float* w, float* u) {
-  for (std::size_t oc = 0; oc < kOc; ++oc)
+// Both weight transforms run once a step whatever the batch (most of a batch-4 step's
+// conv2 backward as scalar loops): vectors over B output channels, with the filters'
+// stride-9 floats moved lane by lane. Each (ic, oc) pair's arithmetic is the scalar one.
+template <std::size_t B>
+[[gnu::always_inline]] inline void weights(const float* w, float* u) {
+  for (std::size_t ob = 0; ob < kOc / B; ++ob)
     for (std::size_t ic = 0; ic < kIc; ++ic) {
-      float f[3][3], t[6][6];
-      for (std::size_t i = 0; i < 9; ++i) f[i / 3][i % 3] = w[(oc * kIc + ic) * 9 + i];
+      Vec<B> f[3][3], t[6][6];
+      for (std::size_t i = 0; i < 9; ++i)
+        for (std::size_t l = 0; l < B; ++l) f[i / 3][i % 3][l] = w[((ob * B + l) * kIc + ic) * 9 + i];
       separable<ByG>(f, t);
-      for (std::size_t xi = 0; xi < kWinoPositions; ++xi) u[(xi * kIc + ic) * kOc + oc] = t[xi / 6][xi % 6];
+      for (std::size_t xi = 0; xi < kWinoPositions; ++xi) store<B>(u + (xi * kIc + ic) * kOc + ob * B, t[xi / 6][xi % 6]);
     }
 }
 
-void weights_grad(const float* du, float* dw) {
-  for (std::size_t oc = 0; oc < kOc; ++oc)
+template <std::size_t B>
+[[gnu::always_inline]] inline void weights_grad(const float* du, float* dw) {
+  for (std::size_t ob = 0; ob < kOc / B; ++ob)
     for (std::size_t ic = 0; ic < kIc; ++ic) {
-      float t[6][6], f[3][3];
-      for (std::size_t xi = 0; xi < kWinoPositions; ++xi) t[xi / 6][xi % 6] = du[(xi * kIc + ic) * kOc + oc];
+      Vec<B> t[6][6], f[3][3];
+      for (std::size_t xi = 0; xi < kWinoPositions; ++xi) t[xi / 6][xi % 6] = load<B>(du + (xi * kIc + ic) * kOc + ob * B);
       separable<ByGt>(t, f);
-      for (std::size_t i = 0; i < 9; ++i) dw[(oc * kIc + ic) * 9 + i] = f[i / 3][i % 3];
+      for (std::size_t i = 0; i < 9; ++i)
+        for (std::size_t l = 0; l < B; ++l) dw[((ob * B + l) * kIc + ic) * 9 + i] = f[i / 3][i % 3][l];
     }
 }
 
@@ -174,6 +181,8 @@ template <std::size_t B>
     }
 }
 
+MNIST_MT_ISA_VARIANTS(weights, weights, (const float* w, float* u), (w, u))
+MNIST_MT_ISA_VARIANTS(weights_grad, weights_grad, (const float* du, float* dw), (du, dw))
 MNIST_MT_ISA_VARIANTS(input, input, (const float* a1, std::uint32_t n, float* v), (a1, n, v))
 MNIST_MT_ISA_VARIANTS(output_grad, output_grad, (const float* d, std::uint32_t n, float* z, double* db),
                       (d, n, z, db))
@@ -182,9 +191,10 @@ MNIST_MT_ISA_VARIANTS(input_grad, input_grad, (const float* dv, std::uint32_t n,
 }  // namespace
 
 WinogradKernels winograd_kernels(Isa isa) {
-  return pick<WinogradKernels>(isa, {weights, input_avx512, output_grad_avx512, input_grad_avx512, weights_grad},
-                               {weights, input_avx2, output_grad_avx2, input_grad_avx2, weights_grad},
-                               {weights, input_portable, output_grad_portable, input_grad_portable, weights_grad});
+  return pick<WinogradKernels>(
+      isa, {weights_avx512, input_avx512, output_grad_avx512, input_grad_avx512, weights_grad_avx512},
+      {weights_avx2, input_avx2, output_grad_avx2, input_grad_avx2, weights_grad_avx2},
+      {weights_portable, input_portable, output_grad_portable, input_grad_portable, weights_grad_portable});
 }
 
 }  // namespace mnist_mt::cpu
