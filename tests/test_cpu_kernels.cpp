@@ -446,17 +446,19 @@ TEST_P(KernelTest, ReluDropoutBackwardPassesWhereOutputIsPositive) {
 TEST_P(KernelTest, SgdIsPyTorchsRule) {
   constexpr std::size_t kCount = 1003;
   const std::vector<float> p0 = uniform(kCount, -1, 1, 1), g = uniform(kCount, -1, 1, 2), m0 = uniform(kCount, -1, 1, 3);
-  const SgdOptions sgd{0.05f, 0.9f, 0.01f};
-  for (bool first : {true, false}) {
-    std::vector<float> p = p0, m = m0;
-    element_kernels(isa()).sgd_update(p.data(), g.data(), m.data(), kCount, sgd, first);
-    for (std::size_t i = 0; i < kCount; ++i) {
-      const double grad = double{g[i]} + double{sgd.weight_decay} * p0[i];
-      const double buf = (first ? 0.0 : double{sgd.momentum} * m0[i]) + grad;
-      ASSERT_NEAR(m[i], buf, 1e-6) << i;
-      ASSERT_NEAR(p[i], p0[i] - double{sgd.lr} * buf, 1e-6) << i;
+  for (const float momentum : {0.9f, 0.0f})
+    for (bool first : {true, false}) {
+      const SgdOptions sgd{0.05f, momentum, 0.01f};
+      std::vector<float> p = p0, m = m0;
+      element_kernels(isa()).sgd_update(p.data(), g.data(), m.data(), kCount, sgd, first);
+      for (std::size_t i = 0; i < kCount; ++i) {
+        const double grad = double{g[i]} + double{sgd.weight_decay} * p0[i];
+        const double buf = (first ? 0.0 : double{sgd.momentum} * m0[i]) + grad;
+        // Momentum 0 keeps no buffer, as PyTorch's SGD: it is left as it was.
+        ASSERT_NEAR(m[i], momentum == 0.0f ? m0[i] : buf, momentum == 0.0f ? 0.0 : 1e-6) << i;
+        ASSERT_NEAR(p[i], p0[i] - double{sgd.lr} * buf, 1e-6) << i;
+      }
     }
-  }
 }
 
 // The same bits on every ISA (the ranks of a run must agree on the norm), close to a

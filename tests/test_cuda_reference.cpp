@@ -257,30 +257,36 @@ TEST_F(CudaReference, LogSoftmaxNllPassesNaN) {
 // separate roundings, so those agree within 2^-22 of each step's operands.
 TEST_F(CudaReference, SgdMatchesTheCpu) {
   constexpr std::size_t kCount = 4099;  // not a multiple of any vector width
-  for (const bool first : {true, false})
-    for (const float decay : {0.0f, 5e-4f}) {
-      SCOPED_TRACE(testing::Message() << "first " << first << " weight decay " << decay);
-      const std::vector<float> p0 = uniform(kCount, -1, 1, 15), g = uniform(kCount, -0.1f, 0.1f, 16);
-      const std::vector<float> m0 = uniform(kCount, -0.1f, 0.1f, 17);
-      std::vector<float> p = p0, m = m0, cpu_p = p0, cpu_m = m0, isa_p = p0, isa_m = m0;
-      cpu::element_kernels(cpu::Isa::kPortable).sgd_update(cpu_p.data(), g.data(), cpu_m.data(), kCount,
-                                                          {0.05f, 0.9f, decay}, first);
-      cpu::sgd_update(isa_p.data(), g.data(), isa_m.data(), kCount, {0.05f, 0.9f, decay}, first);
-      const cuda::SgdArgs args{0.05f, 0.9f, decay, first};
-      std::size_t moved = 0, fused_differs = 0;
-      for (std::size_t i = 0; i < kCount; ++i) {
-        cuda::sgd_at(p.data(), g.data(), m.data(), i, args);
-        ASSERT_TRUE(same(p[i], cpu_p[i])) << "param " << i << ": " << p[i] << " vs " << cpu_p[i];
-        ASSERT_TRUE(same(m[i], cpu_m[i])) << "momentum " << i;
-        const double step = std::abs(g[i]) + decay * std::abs(p0[i]) + (first ? 0 : 0.9 * std::abs(m0[i]));
-        ASSERT_NEAR(isa_m[i], m[i], 0x1p-22 * step) << "momentum " << i;
-        ASSERT_NEAR(isa_p[i], p[i], 0x1p-22 * (std::abs(p0[i]) + 0.05 * step)) << "param " << i;
-        moved += p[i] != p0[i];
-        fused_differs += std::fma(-0.05f, m[i], p0[i]) != p[i];
+  for (const float momentum : {0.9f, 0.0f})
+    for (const bool first : {true, false})
+      for (const float decay : {0.0f, 5e-4f}) {
+        SCOPED_TRACE(testing::Message() << "momentum " << momentum << " first " << first << " weight decay " << decay);
+        const SgdOptions options{0.05f, momentum, decay};
+        const std::vector<float> p0 = uniform(kCount, -1, 1, 15), g = uniform(kCount, -0.1f, 0.1f, 16);
+        const std::vector<float> m0 = uniform(kCount, -0.1f, 0.1f, 17);
+        std::vector<float> p = p0, m = m0, cpu_p = p0, cpu_m = m0, isa_p = p0, isa_m = m0;
+        cpu::element_kernels(cpu::Isa::kPortable).sgd_update(cpu_p.data(), g.data(), cpu_m.data(), kCount, options, first);
+        cpu::sgd_update(isa_p.data(), g.data(), isa_m.data(), kCount, options, first);
+        const cuda::SgdArgs args{0.05f, momentum, decay, first};
+        std::size_t moved = 0, fused_differs = 0;
+        for (std::size_t i = 0; i < kCount; ++i) {
+          cuda::sgd_at(p.data(), g.data(), m.data(), i, args);
+          ASSERT_TRUE(same(p[i], cpu_p[i])) << "param " << i << ": " << p[i] << " vs " << cpu_p[i];
+          ASSERT_TRUE(same(m[i], cpu_m[i])) << "momentum " << i;
+          if (momentum == 0.0f) {
+            ASSERT_TRUE(same(m[i], m0[i])) << "momentum 0 keeps no buffer: " << i;
+          }
+          const double step = std::abs(g[i]) + decay * std::abs(p0[i]) + (first ? 0 : momentum * std::abs(m0[i]));
+          ASSERT_NEAR(isa_m[i], m[i], 0x1p-22 * step) << "momentum " << i;
+          ASSERT_NEAR(isa_p[i], p[i], 0x1p-22 * (std::abs(p0[i]) + 0.05 * step)) << "param " << i;
+          moved += p[i] != p0[i];
+          // The step's buffer: the momentum buffer, or with momentum 0 the decayed gradient.
+          const float buf = momentum == 0.0f ? cuda::add_rn(g[i], cuda::mul_rn(decay, p0[i])) : m[i];
+          fused_differs += std::fma(-0.05f, buf, p0[i]) != p[i];
+        }
+        EXPECT_GT(moved, kCount / 2);
+        EXPECT_GT(fused_differs, 0u);  // so a fused multiply-add on either side would show
       }
-      EXPECT_GT(moved, kCount / 2);
-      EXPECT_GT(fused_differs, 0u);  // so a fused multiply-add on either side would show
-    }
 }
 
 }  // namespace

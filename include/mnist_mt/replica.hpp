@@ -98,7 +98,8 @@ class Replica {
   // Device::comm_wait_compute() sees those gradients.
   virtual void backward(const std::function<void(int layer)>& grads_ready) = 0;
   // PyTorch's SGD: g += wd*p; buf = momentum*buf + g (buf = g on the first step);
-  // p -= lr*buf.
+  // p -= lr*buf. With momentum 0 no buffer is kept (p -= lr*g): read_momentum() gives what
+  // was there before.
   virtual void sgd_step(const SgdOptions& options) = 0;
   // sgd_step() on the device's own decision, without the host waiting: applied when the
   // gradients' 2-norm and the loss of the training forward since the last update are

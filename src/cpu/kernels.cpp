@@ -119,8 +119,13 @@ template <std::size_t B>
 template <std::size_t>  // auto-vectorised
 [[gnu::always_inline]] inline void sgd_body(float* params, const float* grads, float* momentum, std::size_t count,
                                             const SgdOptions& options, bool first_step) {
+  const float wd = options.weight_decay, lr = options.lr;
+  if (options.momentum == 0.0f) {  // PyTorch keeps no buffer: two of five memory streams saved
+    for (std::size_t i = 0; i < count; ++i) params[i] -= lr * (grads[i] + wd * params[i]);
+    return;
+  }
   // buf = 0*buf + g on the first step: the buffer is all zeros then, so this is buf = g.
-  const float m = first_step ? 0.0f : options.momentum, wd = options.weight_decay, lr = options.lr;
+  const float m = first_step ? 0.0f : options.momentum;
   for (std::size_t i = 0; i < count; ++i) {
     const float g = grads[i] + wd * params[i];
     const float buf = m * momentum[i] + g;
@@ -129,11 +134,12 @@ template <std::size_t>  // auto-vectorised
   }
 }
 
-// Eight lanes, summed in lane order at the end: the same bits on every ISA. A float's
+// 32 lanes, summed in lane order at the end: the same bits on every ISA. A float's
 // square is exact in double, so a fused multiply-add rounds as a multiply and an add do.
+// Four vectors of eight doubles, so that the adds do not wait on each other's latency.
 template <std::size_t>  // auto-vectorised
 [[gnu::always_inline]] inline void sum_of_squares_body(const float* x, std::size_t count, double* out) {
-  constexpr std::size_t kLanes = 8;
+  constexpr std::size_t kLanes = 32;
   double lanes[kLanes] = {};
   std::size_t i = 0;
   for (; i + kLanes <= count; i += kLanes) {

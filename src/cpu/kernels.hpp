@@ -34,7 +34,8 @@ void log_softmax_nll(const float* logits, const std::uint8_t* labels, std::uint3
                      float* logp, float* dlogits, LossSums& sums);
 
 // PyTorch's SGD (dampening 0, no Nesterov): g += wd*p; buf = momentum*buf + g, or buf = g
-// when first_step; p -= lr*buf.
+// when first_step; p -= lr*buf. With momentum 0 there is no buffer: p -= lr*g, and
+// `momentum` is left as it is.
 void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdOptions& options,
                 bool first_step);
 

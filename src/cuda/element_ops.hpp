@@ -131,11 +131,16 @@ MNIST_MT_HD RowLoss log_softmax_nll_at(const float* z, const float* bias, const 
   return row;
 }
 
-// PyTorch's order of operations; the old buffer is read only after the first step.
+// PyTorch's order of operations; the old buffer is read only after the first step. With
+// momentum 0 PyTorch keeps no buffer: it is neither read nor written.
 MNIST_MT_HD void sgd_at(float* params, const float* grads, float* momentum, std::size_t i, const SgdArgs& args) {
   const float p = params[i];
   float d = grads[i];
   if (args.weight_decay != 0.0f) d = add_rn(d, mul_rn(args.weight_decay, p));
+  if (args.momentum == 0.0f) {
+    params[i] = add_rn(p, mul_rn(-args.lr, d));
+    return;
+  }
   const float buf = args.first ? d : add_rn(mul_rn(args.momentum, momentum[i]), d);
   momentum[i] = buf;
   params[i] = add_rn(p, mul_rn(-args.lr, buf));
