@@ -30,26 +30,32 @@ Chunk chunk_of(std::size_t count, int rank, int world) {
 }
 
 // out[i] = (((in[0][i] + in[1][i]) + in[2][i]) + ...) for i in the chunk, divided by W
-// for an average. The order of additions never depends on the chunk, hence the
-// reproducibility; the block keeps the loop vectorised and lets `out` alias an input.
-// Returns the sum of squares of out's chunk, block by block while the block is in cache.
-double reduce_chunk(std::span<float* const> in, Chunk chunk, float* out, ReduceOp op) {
+// for an average, into every buffer of `out`. The order of additions never depends on the
+// chunk, hence the reproducibility; the block keeps the loop vectorised and lets `out`
+// alias an input. Returns the sum of squares of the result's chunk, block by block while
+// the block is in cache.
+double reduce_chunk(std::span<float* const> in, Chunk chunk, std::span<float* const> out, ReduceOp op) {
   constexpr std::size_t kBlock = 1024;
   alignas(64) float acc[kBlock];
-  const float world = static_cast<float>(in.size());
+  const std::size_t world = in.size();
+  // x / W and x * (1/W) are the same correctly rounded value when W is a power of two.
+  const bool exact_inverse = (world & (world - 1)) == 0;
+  const float inverse = 1.0f / static_cast<float>(world), divisor = static_cast<float>(world);
   double squares = 0;
   for (std::size_t b = chunk.begin; b < chunk.begin + chunk.count; b += kBlock) {
     const std::size_t n = std::min(kBlock, chunk.begin + chunk.count - b);
     std::copy_n(in[0] + b, n, acc);
-    for (std::size_t s = 1; s < in.size(); ++s) {
+    for (std::size_t s = 1; s < world; ++s) {
       const float* x = in[s] + b;
       for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
     }
-    if (op == ReduceOp::kAverage) {
-      for (std::size_t i = 0; i < n; ++i) acc[i] /= world;
+    if (op == ReduceOp::kAverage && exact_inverse) {
+      for (std::size_t i = 0; i < n; ++i) acc[i] *= inverse;
+    } else if (op == ReduceOp::kAverage) {
+      for (std::size_t i = 0; i < n; ++i) acc[i] /= divisor;
     }
     squares += sum_of_squares(acc, n);
-    std::copy_n(acc, n, out + b);
+    for (float* o : out) std::copy_n(acc, n, o + b);
   }
   return squares;
 }
@@ -83,7 +89,9 @@ bool HostGroup::aborted() const {
   return aborted_;
 }
 
-// Reduce-scatter (rank r sums chunk r of every buffer into its own), then all-gather.
+// Rank r sums chunk r of every buffer and writes the result into every buffer: a
+// reduce-scatter whose results land where the all-gather would copy them, without its
+// second pass over the data.
 double HostGroup::allreduce(int rank, float* data, std::size_t count, ReduceOp op) {
   double total = 0;
   collective([&] {
@@ -94,16 +102,11 @@ double HostGroup::allreduce(int rank, float* data, std::size_t count, ReduceOp o
     }
     buffers_[rank] = data;
     barrier();
-    const Chunk mine = chunk_of(count, rank, size_);
-    squares_[rank] = reduce_chunk(buffers_, mine, data, op);
+    squares_[rank] = reduce_chunk(buffers_, chunk_of(count, rank, size_), buffers_, op);
+    // Every chunk written: no rank reads a peer's buffer after this. squares_ is written
+    // again only past the next collective's first barrier, which waits for this rank.
     barrier();
-    for (int s = 0; s < size_; ++s) {
-      total += squares_[s];
-      if (s == rank) continue;
-      const Chunk theirs = chunk_of(count, s, size_);
-      copy(data + theirs.begin, buffers_[s] + theirs.begin, theirs.count);
-    }
-    barrier();  // peers have read our chunk before our buffer may change
+    for (int s = 0; s < size_; ++s) total += squares_[s];
   });
   return total;
 }
@@ -155,7 +158,7 @@ double HostGroup::reduce(int rank, float* data, std::size_t count, ReduceOp op, 
     }
     buffers_[rank] = data;
     barrier();
-    squares_[rank] = reduce_chunk(buffers_, chunk_of(count, rank, size_), buffers_[root], op);
+    squares_[rank] = reduce_chunk(buffers_, chunk_of(count, rank, size_), std::span(&buffers_[root], 1), op);
     barrier();
     // Read before root enters the next collective, the only one that writes squares_ again.
     if (rank == root) {
