@@ -259,8 +259,10 @@ TEST(Communicator, ScatterAndGatherMoveEachRanksChunkFromAndToRoot) {
       for (int r = 0; r < world; ++r)
         if (r != root) std::copy_n(sent_before[r].begin(), counts[r], expected.begin() + offsets[r]);
       EXPECT_TRUE(bitwise_equal(sent[root], expected)) << "gather: world " << world << " root " << root;
-      for (int r = 0; r < world; ++r)
-        if (r != root) EXPECT_TRUE(bitwise_equal(sent[r], sent_before[r])) << "gather changed rank " << r;
+      for (int r = 0; r < world; ++r) {
+        if (r == root) continue;
+        EXPECT_TRUE(bitwise_equal(sent[r], sent_before[r])) << "gather changed rank " << r;
+      }
     }
   }
 }

@@ -95,7 +95,14 @@ class DdpWorker {
     run_.beat(rank_, step_, Phase::kCommWait);
     comm_.allreduce_host(sums);
     if (rank_ != 0) return true;
-    set_results(m, {sums[0], sums[1], sums[2]}, {sums[3], sums[4], sums[5]});
+    const auto world_stats = [&](std::size_t at) {  // the world's sums from sums[at]
+      StepStats s;
+      s.loss_sum = sums[at];
+      s.correct = sums[at + 1];
+      s.samples = sums[at + 2];
+      return s;
+    };
+    set_results(m, world_stats(0), world_stats(3));
     run_.end_epoch(m, *replica_, step_);
     return true;
   }
