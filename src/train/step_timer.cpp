@@ -1,6 +1,10 @@
 #include "step_timer.hpp"
 
+#include <algorithm>
 #include <optional>
+#include <string>
+
+#include "mnist_mt/error.hpp"
 
 namespace mnist_mt {
 
@@ -13,18 +17,33 @@ void StepTimer::begin(std::uint64_t step, double data_begin, double data_end) {
   s.step = step;
   s.data_begin = data_begin;
   s.data_end = data_end;
-  s.begin = device_.mark(Lane::kCompute);
+  add(Lane::kCompute);
+}
+
+void StepTimer::add(Lane lane) {
+  Step& s = open();
+  if (s.count == kMaxMarks) throw RuntimeFailure("a step made more than " + std::to_string(kMaxMarks) + " time marks");
+  s.marks[s.count++] = device_.mark(lane);
+}
+
+void StepTimer::replayed(std::span<const TimeMark> marks) {
+  Step& s = open();
+  if (s.count + marks.size() > kMaxMarks)
+    throw RuntimeFailure("a replayed step made more than " + std::to_string(kMaxMarks) + " time marks");
+  std::copy(marks.begin(), marks.end(), s.marks.begin() + static_cast<std::ptrdiff_t>(s.count));
+  s.count += marks.size();
 }
 
 void StepTimer::harvest(PhaseSeconds& into) {
   while (!steps_.empty()) {
     const Step& s = steps_.front();
+    if (s.count < 5) throw RuntimeFailure("a timed step made " + std::to_string(s.count) + " time marks, not 5 or more");
     // The step's last mark: the compute stream passed the comm stream's marks before it.
-    const std::optional<double> optimizer = device_.elapsed(s.comm_wait, s.end);
+    const std::optional<double> optimizer = device_.elapsed(s.from_end(1), s.from_end(0));
     if (!optimizer) return;
-    into.forward += device_.elapsed(s.begin, s.forward).value_or(0);
-    into.backward += device_.elapsed(s.forward, s.backward).value_or(0);
-    into.comm_wait += device_.elapsed(s.backward, s.comm_wait).value_or(0);
+    into.forward += device_.elapsed(s.marks[0], s.marks[1]).value_or(0);
+    into.backward += device_.elapsed(s.marks[1], s.from_end(2)).value_or(0);
+    into.comm_wait += device_.elapsed(s.from_end(2), s.from_end(1)).value_or(0);
     into.optimizer += *optimizer;
     if (trace_ != nullptr && trace_->wants(s.step)) trace(s);
     steps_.pop_front();
@@ -37,12 +56,12 @@ void StepTimer::trace(const Step& s) {
     const std::optional<double> a = device_.mark_time(from), b = device_.mark_time(to);
     if (a && b) trace_->add(rank_, lane, name, *a, *b, s.step, bucket);
   };
-  span(TraceLane::kCompute, "forward", s.begin, s.forward, -1);
-  span(TraceLane::kCompute, "backward", s.forward, s.backward, -1);
-  span(TraceLane::kCompute, "comm wait", s.backward, s.comm_wait, -1);
-  span(TraceLane::kCompute, "optimizer", s.comm_wait, s.end, -1);
-  for (std::size_t b = 0; b < s.bucket_count; ++b)
-    span(TraceLane::kComm, "allreduce", s.buckets[b].first, s.buckets[b].second, static_cast<int>(b));
+  span(TraceLane::kCompute, "forward", s.marks[0], s.marks[1], -1);
+  span(TraceLane::kCompute, "backward", s.marks[1], s.from_end(2), -1);
+  span(TraceLane::kCompute, "comm wait", s.from_end(2), s.from_end(1), -1);
+  span(TraceLane::kCompute, "optimizer", s.from_end(1), s.from_end(0), -1);
+  for (std::size_t b = 0; b < s.buckets(); ++b)
+    span(TraceLane::kComm, "allreduce", s.marks[2 + 2 * b], s.marks[3 + 2 * b], static_cast<int>(b));
 }
 
 }  // namespace mnist_mt

@@ -4,11 +4,12 @@
 // phases are those of --metrics: forward (from the step's first work on the compute
 // stream, its input included), backward, comm wait (the compute stream waiting for the
 // comm stream before the update: exposed communication) and optimizer; each bucket's
-// allreduce on the comm stream is traced too.
+// allreduce on the comm stream is traced too. A recorded step's replay gives the same
+// marks (Device::replay).
 #include <array>
 #include <cstdint>
 #include <deque>
-#include <utility>
+#include <span>
 
 #include "mnist_mt/device.hpp"
 #include "mnist_mt/model.hpp"
@@ -25,34 +26,41 @@ class StepTimer {
   // A step's marks, in the order its work is enqueued. `data_begin`/`data_end`: the
   // host's wait for the batch, steady-clock seconds (traced; the caller times it).
   void begin(std::uint64_t step, double data_begin, double data_end);
-  void end_forward() { open().forward = device_.mark(Lane::kCompute); }
+  void end_forward() { add(Lane::kCompute); }
   // At most one bucket per layer (buckets.hpp).
-  void begin_allreduce() {
-    Step& s = open();
-    s.buckets[s.bucket_count++].first = device_.mark(Lane::kComm);
-  }
-  void end_allreduce() {
-    Step& s = open();
-    s.buckets[s.bucket_count - 1].second = device_.mark(Lane::kComm);
-  }
-  void end_backward() { open().backward = device_.mark(Lane::kCompute); }
-  void end_comm_wait() { open().comm_wait = device_.mark(Lane::kCompute); }
-  void end_step() { open().end = device_.mark(Lane::kCompute); }
+  void begin_allreduce() { add(Lane::kComm); }
+  void end_allreduce() { add(Lane::kComm); }
+  void end_backward() { add(Lane::kCompute); }
+  void end_comm_wait() { add(Lane::kCompute); }
+  void end_step() { add(Lane::kCompute); }
+
+  // A recorded step (step_graphs.hpp): the marks made since begin() while its work was
+  // recorded will never be passed, and are dropped; replayed() takes the marks its replay
+  // records instead, in the same order.
+  void drop_recorded() { open().count = 1; }
+  void replayed(std::span<const TimeMark> marks);
 
   // Adds the phases of every step the device has passed to `into`; the others wait for
   // a later call. Never blocks.
   void harvest(PhaseSeconds& into);
 
+  // The most marks a step makes: begin, forward, two per bucket, backward, comm wait, end.
+  static constexpr std::size_t kMaxMarks = 5 + 2 * kLayers;
+
  private:
+  // marks[0] begin, [1] forward, then each bucket's allreduce begin and end, and the
+  // last three backward, comm wait and end.
   struct Step {
     std::uint64_t step = 0;
     double data_begin = 0, data_end = 0;
-    TimeMark begin, forward, backward, comm_wait, end;
     // Fixed-size, so that a step allocates nothing for its timing.
-    std::array<std::pair<TimeMark, TimeMark>, kLayers> buckets;
-    std::size_t bucket_count = 0;
+    std::array<TimeMark, kMaxMarks> marks;
+    std::size_t count = 0;
+    std::size_t buckets() const { return (count - 5) / 2; }
+    const TimeMark& from_end(std::size_t k) const { return marks[count - 1 - k]; }
   };
   Step& open() { return steps_.back(); }
+  void add(Lane lane);
   void trace(const Step& s);
 
   Device& device_;
