@@ -539,8 +539,10 @@ TEST_F(ReplicaTest, StatsSumOverForwards) {
 
 // guarded_sgd_step: a finite step is sgd_step's, bit for bit; a non-finite one leaves the
 // parameters, momentum and stats as they were and is counted; with halt, so is every
-// later one. The norm comes from the reduced sum of squares when one is given.
+// later one. The norm comes from the reduced sum of squares when one is given. A dropped
+// update is recorded as the guard's first step plus the replica's guarded updates before it.
 TEST_F(ReplicaTest, AGuardedUpdateIsDroppedOnTheDeviceWhenNonFinite) {
+  constexpr std::uint64_t kFirst = 40;
   const auto params = initial_params(12);
   const SgdOptions sgd{0.01f, 0.9f, 0.0f};
   const DropoutKey key{4, 0};
@@ -568,7 +570,7 @@ TEST_F(ReplicaTest, AGuardedUpdateIsDroppedOnTheDeviceWhenNonFinite) {
     train(*plain, step);
     plain->sgd_step(sgd);
     train(*guarded, step);
-    guarded->guarded_sgd_step(sgd, {step, true, nothing});
+    guarded->guarded_sgd_step(sgd, {kFirst, true, nothing});
   }
   EXPECT_EQ(read(*guarded), read(*plain));
   const StepStats applied = guarded->take_stats();
@@ -579,17 +581,17 @@ TEST_F(ReplicaTest, AGuardedUpdateIsDroppedOnTheDeviceWhenNonFinite) {
   // A NaN reduced norm (skip: no halt): dropped, then the next step applies.
   const auto before = read(*guarded);
   train(*guarded, 5);
-  guarded->guarded_sgd_step(sgd, {7, false, nan});
+  guarded->guarded_sgd_step(sgd, {kFirst, false, nan});  // update 2
   EXPECT_EQ(read(*guarded), before);
   const StepStats dropped = guarded->take_stats();
   EXPECT_EQ(dropped.samples, 0);
   EXPECT_EQ(dropped.skipped, 1u);
   ASSERT_TRUE(dropped.non_finite);
-  EXPECT_EQ(dropped.non_finite->step, 7u);
+  EXPECT_EQ(dropped.non_finite->step, kFirst + 2);
   EXPECT_TRUE(std::isnan(dropped.non_finite->grad_norm));
   EXPECT_TRUE(std::isfinite(dropped.non_finite->loss_sum));
   train(*guarded, 6);
-  guarded->guarded_sgd_step(sgd, {8, true, nothing});
+  guarded->guarded_sgd_step(sgd, {kFirst, true, nothing});
   EXPECT_NE(read(*guarded), before);
   EXPECT_EQ(guarded->take_stats().skipped, 0u);
 
@@ -599,15 +601,15 @@ TEST_F(ReplicaTest, AGuardedUpdateIsDroppedOnTheDeviceWhenNonFinite) {
   poisoned.back() = std::nanf("");
   guarded->write_params(poisoned);
   train(*guarded, 9);
-  guarded->guarded_sgd_step(sgd, {9, true, nothing});
+  guarded->guarded_sgd_step(sgd, {kFirst, true, nothing});  // update 4
   guarded->write_params(good);
   train(*guarded, 10);
-  guarded->guarded_sgd_step(sgd, {10, true, nothing});
+  guarded->guarded_sgd_step(sgd, {kFirst, true, nothing});
   EXPECT_EQ(read(*guarded), good) << "a halted replica applies nothing";
   const StepStats halted = guarded->take_stats();
   EXPECT_EQ(halted.skipped, 2u);
   ASSERT_TRUE(halted.non_finite);
-  EXPECT_EQ(halted.non_finite->step, 9u);
+  EXPECT_EQ(halted.non_finite->step, kFirst + 4);
   EXPECT_TRUE(std::isnan(halted.non_finite->loss_sum));
 }
 

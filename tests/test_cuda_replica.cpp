@@ -355,8 +355,10 @@ TEST(CudaReplica, TakeStatsCountsAndResets) {
 
 // The device decides a guarded update: a finite step is sgd_step's bit for bit; a NaN
 // parameter (NaN loss and gradients) drops it, halts the replica and is reported with its
-// step in the next snapshot, which is read without waiting once made.
+// step (the guard's first step plus the updates before it, counted on the device) in the
+// next snapshot, which is read without waiting once made.
 TEST(CudaReplica, AGuardedUpdateIsDecidedOnTheDevice) {
+  constexpr std::uint64_t kFirst = 40;
   auto cuda = make_cuda_backend({});
   const int ids[] = {0};
   auto devices = cuda->make_devices(ids);
@@ -381,7 +383,7 @@ TEST(CudaReplica, AGuardedUpdateIsDecidedOnTheDevice) {
     step(*plain, k);
     plain->sgd_step(sgd);
     step(*guarded, k);
-    guarded->guarded_sgd_step(sgd, {k, true, {}});
+    guarded->guarded_sgd_step(sgd, {kFirst, true, {}});
   }
   EXPECT_EQ(read(*guarded), read(*plain));
   const std::uint64_t applied = guarded->snapshot_stats();
@@ -395,16 +397,16 @@ TEST(CudaReplica, AGuardedUpdateIsDecidedOnTheDevice) {
   poisoned.back() = std::nanf("");
   guarded->write_params(poisoned);
   step(*guarded, 3);
-  guarded->guarded_sgd_step(sgd, {5, true, {}});
+  guarded->guarded_sgd_step(sgd, {kFirst, true, {}});  // update 2
   guarded->write_params(good);
   step(*guarded, 4);
-  guarded->guarded_sgd_step(sgd, {6, true, {}});
+  guarded->guarded_sgd_step(sgd, {kFirst, true, {}});
   EXPECT_EQ(read(*guarded), good) << "a halted replica applies nothing";
   const StepStats h = *guarded->read_stats(guarded->snapshot_stats(), true);
   EXPECT_EQ(h.samples, 0);
   EXPECT_EQ(h.skipped, 2u);
   ASSERT_TRUE(h.non_finite);
-  EXPECT_EQ(h.non_finite->step, 5u);
+  EXPECT_EQ(h.non_finite->step, kFirst + 2);
   EXPECT_TRUE(std::isnan(h.non_finite->grad_norm));
 }
 

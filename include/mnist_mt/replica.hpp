@@ -41,9 +41,12 @@ struct StepStats {
   std::optional<NonFiniteStep> non_finite;  // the first of them
 };
 
-// What guarded_sgd_step() checks before it updates.
+// What guarded_sgd_step() checks before it updates. The same for every update of a run:
+// a recorded step (Device::begin_record) replays it as it was.
 struct UpdateGuard {
-  std::uint64_t step = 0;  // the global step, recorded when it is dropped
+  // The global step of the replica's first guarded update: its n-th (from 0) is step
+  // first_step + n, recorded when it is dropped. The device counts them itself.
+  std::uint64_t first_step = 0;
   // A dropped update halts the replica: every later guarded update is dropped too (the
   // run stops at the next snapshot the host reads), so the model stays the last good one.
   bool halt = true;
@@ -86,6 +89,10 @@ class Replica {
   // once this returns) are their sample indices, which key dropout. No labels: a replica
   // fed this way computes no loss.
   virtual void set_scattered_input(std::span<const std::uint32_t> samples) = 0;
+  // Which of the replica's input buffers the last set_input() or set_scattered_input()
+  // filled: GPUs alternate two, so that an upload overlaps the step before it. A recorded
+  // step reads the buffer it was recorded with.
+  virtual int input_buffer() const { return 0; }
   // Flat device buffers of max_batch() rows: the normalised images (kImageBytes floats a
   // row), the output rows the loss reads (kClasses floats; on GPUs fc2's output before
   // its bias, which the loss adds) and their gradients, which backward() starts from.

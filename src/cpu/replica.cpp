@@ -202,6 +202,7 @@ class CpuReplicaImpl final : public CpuReplica {
 
   void guarded_sgd_step(const SgdOptions& options, const UpdateGuard& guard) override {
     device_.compute().enqueue([this, options, guard] {
+      const std::uint64_t number = guarded_updates_++;
       const std::optional<double> reduced = guard.reduced_squares ? guard.reduced_squares() : std::nullopt;
       const double norm = std::sqrt(reduced ? *reduced : sum_of_squares(grads_.get(), kParamCount));
       if (!halted_ && std::isfinite(norm) && std::isfinite(pending_.loss_sum)) {
@@ -211,7 +212,8 @@ class CpuReplicaImpl final : public CpuReplica {
       }
       ++sums_.skipped;
       // A halted replica's later steps are dropped whatever they hold.
-      if (!halted_ && !sums_.non_finite) sums_.non_finite = NonFiniteStep{guard.step, pending_.loss_sum, norm};
+      if (!halted_ && !sums_.non_finite)
+        sums_.non_finite = NonFiniteStep{guard.first_step + number, pending_.loss_sum, norm};
       pending_ = {};
       halted_ = halted_ || guard.halt;
     });
@@ -416,6 +418,7 @@ class CpuReplicaImpl final : public CpuReplica {
 
   // Compute-stream side.
   bool momentum_valid_ = false;  // false until the first step: buf = g then
+  std::uint64_t guarded_updates_ = 0;  // guarded_sgd_step() calls run (compute thread)
   float scale0_ = 1.0f, scale1_ = 1.0f;  // dropout scales of the last forward
   StepStats sums_;     // committed: the forwards of updated steps, and evaluation's
   StepStats pending_;  // the forwards since the last update, until it is applied or dropped

@@ -34,6 +34,8 @@ class InputStage {
   // The compute stream's work enqueued so far is the last to read the current slot: the
   // upload that next overwrites it waits for that work.
   void release();
+  // The slot the last upload filled (0 or 1).
+  int slot() const { return static_cast<int>(current_); }
 
  private:
   std::uint8_t* next_slot();

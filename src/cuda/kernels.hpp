@@ -55,7 +55,7 @@ void log_softmax_nll(const float* z, const float* bias, const std::uint8_t* labe
                      float denominator, float* logprobs, float* dlogits, double* stats, StreamHandle stream);
 
 // PyTorch's SGD: d = g + wd*p; buf = first ? d : momentum*buf + d; p -= lr*buf. With
-// momentum 0 the buffer is d, which is PyTorch's step without a buffer. The gradient is
+// momentum 0 there is no buffer: p -= lr*d, the buffer left as it is. The gradient is
 // left as it is.
 struct SgdArgs {
   float lr = 0.0f;
@@ -63,20 +63,31 @@ struct SgdArgs {
   float weight_decay = 0.0f;
   bool first = false;  // the buffer starts as the first step's d
 };
+// The momentum buffer's state on the device, ints: whether an update has started it,
+// and whether the coming update is its first. Kept there so that a recorded step (a
+// CUDA graph) replays with the right one.
+enum MomentumState : std::size_t { kMomentumStarted, kMomentumFirst, kMomentumStates };
+// One thread, before an update: state[kMomentumFirst] = !state[kMomentumStarted], and the
+// buffer counts as started when the update runs (`gate` null or non-zero).
+void begin_update(int* state, const int* gate, StreamHandle stream);
 // `gate`, when given, is a device flag: the update runs only where it is non-zero.
+// `first`, when given, is a device flag that replaces args.first.
 void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdArgs& args,
-                StreamHandle stream, const int* gate = nullptr);
+                StreamHandle stream, const int* gate = nullptr, const int* first = nullptr);
 
 // The replica's statistics on the device, doubles: what a snapshot copies out and
 // resets (the first kStatsReported), then the forwards since the last update
-// (log_softmax_nll's stats) and the halt flag, which snapshots leave.
+// (log_softmax_nll's stats), the halt flag and the guarded updates so far, which
+// snapshots leave.
 enum Stat : std::size_t {
   kStatLoss, kStatCorrect, kStatSamples, kStatSkipped, kStatNonFinite, kStatNonFiniteStep, kStatNonFiniteLoss,
-  kStatNonFiniteNorm, kStatsReported, kStatPending = kStatsReported, kStatHalted = kStatPending + 3, kStatCount
+  kStatNonFiniteNorm, kStatsReported, kStatPending = kStatsReported, kStatHalted = kStatPending + 3, kStatUpdates,
+  kStatCount
 };
 // One thread: whether the step's update runs (*gate), from the gradients' sum of squares
 // and the pending loss (Replica::guarded_sgd_step); commits or drops the pending stats.
-void decide_update(double* stats, const double* squares, std::uint64_t step, bool halt, int* gate,
+// The update is step first_step + stats[kStatUpdates], which it advances.
+void decide_update(double* stats, const double* squares, std::uint64_t first_step, bool halt, int* gate,
                    StreamHandle stream);
 // Adds the pending stats to the reported ones (before a snapshot).
 void commit_stats(double* stats, StreamHandle stream);

@@ -87,6 +87,7 @@ class CudaReplica final : public Replica {
         stats_host_(kStatsReported * kSnapshots),
         squares_(kSquareScratch),
         gate_(1),
+        momentum_state_(kMomentumStates),
         input_(device, max_batch) {
     for (auto& e : snapshot_events_) e = make_event();
     warm_up();
@@ -141,6 +142,7 @@ class CudaReplica final : public Replica {
     batch_.size = rows;
   }
 
+  int input_buffer() const override { return input_.slot(); }
   float* input() override { return x_.data(); }
   float* logits() override { return z_.data(); }
   float* logit_grads() override { return dlogits_.data(); }
@@ -217,9 +219,7 @@ class CudaReplica final : public Replica {
 
   void sgd_step(const SgdOptions& options) override {
     device_.activate();
-    sgd_update(params_.data(), grads_.data(), momentum_.data(), kParamCount,
-               {options.lr, options.momentum, options.weight_decay, !momentum_started_}, stream());
-    momentum_started_ = true;
+    update(options, nullptr);
   }
 
   // The communicators here keep no sum of squares: the replica sums the reduced
@@ -227,12 +227,9 @@ class CudaReplica final : public Replica {
   void guarded_sgd_step(const SgdOptions& options, const UpdateGuard& guard) override {
     device_.activate();
     sum_of_squares(grads_.data(), kParamCount, squares_.data(), stream());
-    decide_update(stats_.data(), squares_.data() + kSquareBlocks, guard.step, guard.halt, gate_.data(), stream());
-    // A dropped first update leaves the buffer at zero, and momentum*0 + d = d: the
-    // first applied one starts it as PyTorch does.
-    sgd_update(params_.data(), grads_.data(), momentum_.data(), kParamCount,
-               {options.lr, options.momentum, options.weight_decay, !momentum_started_}, stream(), gate_.data());
-    momentum_started_ = true;
+    decide_update(stats_.data(), squares_.data() + kSquareBlocks, guard.first_step, guard.halt, gate_.data(),
+                  stream());
+    update(options, gate_.data());
   }
 
   float* params() override { return params_.data(); }
@@ -243,7 +240,8 @@ class CudaReplica final : public Replica {
   void read_momentum(std::span<float> out) override { download(out, momentum_, "read_momentum"); }
   void write_momentum(std::span<const float> in) override {
     upload(in, momentum_, "write_momentum");
-    momentum_started_ = true;
+    const int started[kMomentumStates] = {1, 0};
+    copy_sync(momentum_state_.data(), started, sizeof started, cudaMemcpyHostToDevice);
   }
   void read_grads(std::span<float> out) override { download(out, grads_, "read_grads"); }
 
@@ -300,6 +298,16 @@ class CudaReplica final : public Replica {
 
  private:
   cudaStream_t stream() const { return device_.compute(); }
+
+  // The update, gated or not. PyTorch starts the momentum buffer as the first applied
+  // update's d; the device keeps whether it has started, so that a recorded step replays
+  // right. A dropped first update leaves it unstarted.
+  void update(const SgdOptions& options, const int* gate) {
+    begin_update(momentum_state_.data(), gate, stream());
+    sgd_update(params_.data(), grads_.data(), momentum_.data(), kParamCount,
+               {options.lr, options.momentum, options.weight_decay, false}, stream(), gate,
+               momentum_state_.data() + kMomentumFirst);
+  }
   float* param(int index) { return params_.data() + kParams[static_cast<std::size_t>(index)].offset; }
   float* grad(int index) { return grads_.data() + kParams[static_cast<std::size_t>(index)].offset; }
   Workspace workspace() const { return {workspace_.data(), workspace_.bytes()}; }
@@ -338,7 +346,7 @@ class CudaReplica final : public Replica {
     for (const DeviceBuffer<float>* b : {&params_, &grads_, &momentum_})
       CUDA_CHECK(cudaMemsetAsync(b->data(), 0, b->bytes(), stream()));
     CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, stats_.bytes(), stream()));
-    momentum_started_ = false;
+    CUDA_CHECK(cudaMemsetAsync(momentum_state_.data(), 0, momentum_state_.bytes(), stream()));
   }
 
   // One training step on zeros (weights and input): lazily loaded kernels and cuDNN's
@@ -383,6 +391,7 @@ class CudaReplica final : public Replica {
   std::uint64_t snapshots_taken_ = 0;
   DeviceBuffer<double> squares_;  // sum_of_squares' partial sums and total
   DeviceBuffer<int> gate_;        // guarded_sgd_step's decision
+  DeviceBuffer<int> momentum_state_;  // kernels.hpp's MomentumState
   InputStage input_;
   DeviceBatch batch_;  // size: the rows the next forward and backward use
   std::uint32_t input_rows_ = 0, labelled_rows_ = 0;  // of the last input; those with labels
@@ -390,8 +399,6 @@ class CudaReplica final : public Replica {
   // Scales the last forward pass gave kept elements (1: no dropout), for backward().
   float pool_scale_ = 1.0f;
   float fc1_scale_ = 1.0f;
-  // PyTorch starts the momentum buffer as the first step's gradient.
-  bool momentum_started_ = false;
 };
 
 }  // namespace

@@ -246,8 +246,9 @@ void Run::on_non_finite(int rank, Communicator& comm, const NonFiniteStep& step)
   throw Aborted("another rank reports the non-finite step");
 }
 
-UpdateGuard Run::update_guard(std::uint64_t step, Communicator& comm) const {
-  return {step, config.on_nan == NanPolicy::kStop, [&comm] { return comm.take_reduced_squares(); }};
+UpdateGuard Run::update_guard(Communicator& comm) const {
+  // A worker's replica makes its first guarded update at the run's first step.
+  return {start.step, config.on_nan == NanPolicy::kStop, [&comm] { return comm.take_reduced_squares(); }};
 }
 
 bool Run::train_steps(int rank, EpochMetrics& m, std::uint32_t first, std::uint32_t steps, Replica* rank0,

@@ -79,7 +79,9 @@ class Run {
   // if it ends: with --on-nan stop the ranks agree (through `comm`) on one report, the
   // lowest rank whose own loss was non-finite, else rank 0 for the norm.
   void on_non_finite(int rank, Communicator& comm, const NonFiniteStep& step);
-  UpdateGuard update_guard(std::uint64_t step, Communicator& comm) const;
+  // The guard of a DDP worker's updates: its replica is made for the run, so its first
+  // guarded update is the run's first step.
+  UpdateGuard update_guard(Communicator& comm) const;
   // Rank `rank` enters `phase` of global step `step` (the watchdog's progress).
   void beat(int rank, std::uint64_t step, Phase phase) { watchdog_->beat(rank, step, phase); }
 
