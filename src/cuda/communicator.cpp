@@ -6,6 +6,7 @@
 #include <set>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "errors.hpp"
@@ -26,8 +27,13 @@ class NcclGroup {
     NCCL_CHECK(ncclCommInitAll(comms_.data(), static_cast<int>(ids.size()), ids.data()));
   }
 
+  // After the ranks' threads have ended and released their graphs.
   ~NcclGroup() {
-    if (aborted()) return;  // abort() freed them
+    if (aborter_.joinable()) {
+      aborter_.join();
+      return;
+    }
+    if (aborted()) return;
     for (ncclComm_t comm : comms_) ncclCommDestroy(comm);
   }
 
@@ -40,12 +46,12 @@ class NcclGroup {
   const std::shared_ptr<std::atomic<bool>>& aborted_flag() const { return aborted_; }
 
   // Runs call(rank's communicator) unless the group was aborted, which frees the
-  // communicators: abort() waits for calls under way, so none of them uses a freed one.
-  // Calls only enqueue (peers are connected at setup), so abort() waits briefly.
+  // communicators: the abort waits for calls under way, so none of them uses a freed one.
+  // Calls only enqueue (peers are connected at setup), so the abort waits briefly.
   template <typename Call>
   bool with_comm(int rank, Call&& call) {
-    const std::shared_lock lock(mutex_);
-    if (aborted()) return false;
+    const std::shared_lock lock = shared_unless_aborted();
+    if (!lock) return false;
     call(comms_[static_cast<std::size_t>(rank)]);
     return true;
   }
@@ -55,8 +61,8 @@ class NcclGroup {
   void check(int rank, const std::string& device) {
     ncclResult_t state = ncclSuccess;
     {
-      const std::shared_lock lock(mutex_);
-      if (aborted()) return;
+      const std::shared_lock lock = shared_unless_aborted();
+      if (!lock) return;
       NCCL_CHECK(ncclCommGetAsyncError(comms_[static_cast<std::size_t>(rank)], &state));
     }
     if (state == ncclSuccess || state == ncclInProgress) return;
@@ -66,11 +72,21 @@ class NcclGroup {
   }
 
   // The first call aborts every rank (kernels waiting for a peer return; the
-  // communicators are freed); later calls, from any thread, find it done.
+  // communicators are freed); later calls, from any thread, find it done. The ranks
+  // see the flag at once. ncclCommAbort runs on a thread of its own: it returns only once
+  // every CUDA graph that captured a collective of the group is released, which the ranks'
+  // threads do when they leave, having seen the flag; one of them may be the caller.
   void abort() noexcept {
-    const std::unique_lock lock(mutex_);
     if (aborted_->exchange(true, std::memory_order_acq_rel)) return;
-    for (ncclComm_t comm : comms_) ncclCommAbort(comm);
+    try {
+      aborter_ = std::thread([this] {
+        const std::unique_lock lock(mutex_);
+        for (ncclComm_t comm : comms_) ncclCommAbort(comm);
+      });
+    } catch (...) {  // no thread: abort here, which cannot wait for graphs of this thread
+      const std::unique_lock lock(mutex_);
+      for (ncclComm_t comm : comms_) ncclCommAbort(comm);
+    }
   }
 
  private:
@@ -78,6 +94,19 @@ class NcclGroup {
   std::vector<ncclComm_t> comms_;
   // Shared with the group's devices, which report it from their synchronize().
   std::shared_ptr<std::atomic<bool>> aborted_ = std::make_shared<std::atomic<bool>>(false);
+  std::thread aborter_;  // started by the first abort(), joined by the destructor
+
+  // A shared hold of the communicators, or none once the group is aborted: a caller never
+  // blocks behind the abort, which may be waiting for that caller's thread to leave.
+  std::shared_lock<std::shared_mutex> shared_unless_aborted() {
+    std::shared_lock lock(mutex_, std::defer_lock);
+    while (!lock.try_lock()) {
+      if (aborted()) return {};
+      std::this_thread::yield();
+    }
+    if (aborted()) return {};
+    return lock;
+  }
 };
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclAvg; }
@@ -268,7 +297,7 @@ void connect_peers(std::span<CudaDevice* const> devices, std::span<const std::un
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CudaDevice* const> devices) {
+std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CudaDevice* const> devices, bool record) {
   std::set<int> ids;
   for (CudaDevice* d : devices) ids.insert(d->id());
   if (ids.size() != devices.size()) return make_staged_communicators(devices);
@@ -280,6 +309,7 @@ std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CudaDevi
     device.join_group(group->aborted_flag(), [weak = std::weak_ptr<NcclGroup>(group), rank, name = device.name()] {
       if (const auto g = weak.lock()) g->check(static_cast<int>(rank), name);
     });
+    device.allow_record(record);
     device.activate();  // the scratch buffers live on the rank's device
     comms.push_back(std::make_unique<NcclCommunicator>(group, static_cast<int>(rank), device));
   }

@@ -13,7 +13,8 @@ namespace mnist_mt::cuda {
 // Every collective runs on its rank's comm stream. abort() on any of them aborts the
 // whole group, as the CPU communicator does, so no rank is left waiting for a peer.
 // allreduce_host() blocks its caller until every rank has called it, so one thread
-// cannot drive several ranks through it.
-std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CudaDevice* const> devices);
+// cannot drive several ranks through it. `record`: the devices' steps may be recorded as
+// CUDA graphs (CudaDevice::allow_record), which ranks that share a GPU never are.
+std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CudaDevice* const> devices, bool record);
 
 }  // namespace mnist_mt::cuda
