@@ -115,17 +115,19 @@ void bench_step(benchmark::State& state, Backend& backend, Mode mode, int world,
   state.counters["fwd_us"] = p.forward * us;
   state.counters["bwd_us"] = p.backward * us;
   state.counters["opt_us"] = p.optimizer * us;
+  if (mode == Mode::kDdp) state.counters["launch_us"] = p.host_launch * us;  // the host's enqueueing
   if (p.broadcast + p.gather > 0) {  // --mode dp's own phases
     state.counters["bcast_us"] = p.broadcast * us;
     state.counters["gather_us"] = p.gather * us;
   }
 }
 
-void register_steps(Backend& backend, int max_world) {
+// `label`: the backend's name, and how it was made ("cuda_eager": --no-cuda-graphs).
+void register_steps(Backend& backend, int max_world, const std::string& label) {
   for (std::uint32_t batch : kBatches) {
     for (int world = 1; world <= max_world; ++world) {
       for (Mode mode : {Mode::kDdp, Mode::kDp}) {
-        const std::string name = "step/" + backend.name() + "/" + (mode == Mode::kDdp ? "ddp" : "dp") +
+        const std::string name = "step/" + label + "/" + (mode == Mode::kDdp ? "ddp" : "dp") +
                                  "/devices:" + std::to_string(world) + "/batch:" + std::to_string(batch);
         benchmark::RegisterBenchmark(name.c_str(), [&backend, mode, world, batch](benchmark::State& st) {
           bench_step(st, backend, mode, world, batch);
@@ -214,12 +216,18 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<Backend> cpu = make_cpu_backend({});
   register_layers();
-  register_steps(*cpu, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  std::unique_ptr<Backend> cuda;
+  register_steps(*cpu, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), "cpu");
+  std::unique_ptr<Backend> cuda, cuda_eager;
   if (cuda_built()) {
     try {
+      BackendOptions eager;
+      eager.cuda_graphs = false;
       cuda = make_cuda_backend({});
-      if (cuda->device_count() > 0) register_steps(*cuda, cuda->device_count());
+      cuda_eager = make_cuda_backend(eager);
+      if (cuda->device_count() > 0) {
+        register_steps(*cuda, cuda->device_count(), "cuda");
+        register_steps(*cuda_eager, cuda->device_count(), "cuda_eager");
+      }
     } catch (const std::exception& e) {
       benchmark::AddCustomContext("cuda", std::string("not measured: ") + e.what());
     }

@@ -1,7 +1,8 @@
 // The trainer on the CUDA backend, judged by its saved checkpoints (--save): on one GPU,
 // ranks that share it train what one rank of their global batch trains (ddp and dp),
 // one GPU trains what one CPU rank trains, a failing rank among peers on the GPU stops
-// every rank, and a resumed run continues an uninterrupted one bit for bit. Needs a GPU
+// every rank, a resumed run continues an uninterrupted one bit for bit, and a step replayed
+// as a CUDA graph trains what the step enqueued call by call does. Needs a GPU
 // (gpu_main.cpp); several ranks on one GPU use the staged communicator.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -119,6 +120,56 @@ TEST(CudaTrainer, ResumingWithPeersOnTheGpuContinuesBitForBit) {
   const TrainResult resumed = train(*backend, dataset(), c);
   std::filesystem::remove(path);
   EXPECT_EQ(resumed.params, straight.params);
+}
+
+// One rank on the GPU records its step as a CUDA graph (its communicator is NCCL's) and
+// replays it: with deterministic algorithms every bit equals the step enqueued call by
+// call (--no-cuda-graphs), momentum included, across an epoch boundary, where the new
+// dropout key is recorded anew. No warning: the graph was made and used.
+TEST(CudaTrainer, AReplayedStepGraphTrainsWhatTheEnqueuedStepTrains) {
+  BackendOptions graphs, eager;
+  graphs.deterministic = eager.deterministic = true;
+  eager.cuda_graphs = false;
+  TrainConfig c = config_for({0}, 64);
+  c.sgd.momentum = 0.9f;  // the first update starts the buffer: a flag on the device
+  c.max_steps = kSteps / 2;
+  c.epochs = 2;
+  const auto run = [&](const BackendOptions& options) {
+    const auto path = temp_file(options.cuda_graphs ? "graphs" : "eager");
+    TrainConfig saving = c;
+    saving.save = path;
+    auto backend = make_cuda_backend(options);
+    train(*backend, dataset(), saving);
+    Checkpoint saved = load_checkpoint(path);
+    std::filesystem::remove(path);
+    return saved;
+  };
+  ::testing::internal::CaptureStderr();
+  const Checkpoint replayed = run(graphs);
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(warnings.find("CUDA graphs off"), std::string::npos) << warnings;
+  const Checkpoint enqueued = run(eager);
+  EXPECT_EQ(replayed.params, enqueued.params);
+  EXPECT_EQ(replayed.momentum, enqueued.momentum);
+  TrainConfig still = c;
+  still.sgd.lr = 0;
+  EXPECT_GT(relative_difference(replayed.params, saved_params("cuda", still, graphs)), 1e-3);
+}
+
+// A rank that fails while its step graphs hold NCCL's communicator: the abort (which
+// waits for those graphs to be released) does not hang the run.
+TEST(CudaTrainer, AFailingRankWithRecordedStepsEndsTheRun) {
+  TrainConfig c = config_for({0}, 64);
+  TrainerTesting::inject(c, FaultInjection{0, 5});
+  auto backend = make_cuda_backend({});
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    train(*backend, dataset(), c);
+    ADD_FAILURE() << "no failure";
+  } catch (const RuntimeFailure& e) {
+    EXPECT_EQ(std::string(e.what()), "rank 0 failed at step 5: injected fault");
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
 }  // namespace

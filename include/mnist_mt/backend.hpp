@@ -15,6 +15,7 @@ namespace mnist_mt {
 struct BackendOptions {
   bool deterministic = false;  // CUDA: deterministic cuDNN algorithms only
   bool tf32 = false;           // CUDA: allow TF32 in cuBLAS/cuDNN
+  bool cuda_graphs = true;     // CUDA: a DDP step is recorded once as a graph and replayed
 };
 
 class Backend {

@@ -5,8 +5,12 @@
 // events do, without blocking the host.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
+
+#include "mnist_mt/error.hpp"
 
 namespace mnist_mt {
 
@@ -16,6 +20,13 @@ enum class Lane { kCompute, kComm };
 struct TimeMark {
   Lane lane = Lane::kCompute;
   std::uint64_t id = 0;
+};
+
+// A step's work recorded once and run again by Device::replay() (DESIGN.md decision 11):
+// on GPUs a CUDA graph. Released before the device and its communicator.
+class RecordedStep {
+ public:
+  virtual ~RecordedStep() = default;
 };
 
 class Device {
@@ -50,6 +61,26 @@ class Device {
   // Seconds from `from` to `to`, once the device has passed both; nullopt before.
   virtual std::optional<double> elapsed(const TimeMark& from, const TimeMark& to) = 0;
   static constexpr std::size_t kMarks = 1024;
+
+  // Recording (GPUs: CUDA graphs). Between begin_record() and end_record(), the work the
+  // calling thread enqueues on the device's streams is recorded instead of run; mark()
+  // calls are recorded too. Devices that cannot record say so here: CPU devices, GPUs
+  // whose ranks share a GPU, and GPUs made with BackendOptions::cuda_graphs off.
+  virtual bool can_record() const { return false; }
+  virtual void begin_record() { throw RuntimeFailure(name() + ": this device does not record its work"); }
+  // Ends the recording: the recorded work, or nullptr with `why` set when it could not
+  // be recorded. The work was not run either way. A `why` already set (the caller failed
+  // while enqueueing) ends the recording and drops it.
+  virtual std::unique_ptr<RecordedStep> end_record(std::string& why) {
+    if (why.empty()) why = name() + ": this device does not record its work";
+    return nullptr;
+  }
+  // Enqueues the recorded work after the work enqueued so far, and returns at once. The
+  // marks it records get new ids, which are written to `marks`, in the order the
+  // recording made them; returns how many.
+  virtual std::size_t replay(RecordedStep& /*step*/, std::span<TimeMark> /*marks*/) {
+    throw RuntimeFailure(name() + ": this device does not record its work");
+  }
 };
 
 }  // namespace mnist_mt

@@ -81,6 +81,9 @@ struct PhaseSeconds {
   // device before forward; the outputs to device 0, the loss there and the output
   // gradients back, between forward and backward.
   double broadcast = 0, gather = 0;
+  // --mode ddp only: the host's time to enqueue its steps after the batch arrived (the
+  // input copy, and the step's work or its graph's launch), which overlaps the device's.
+  double host_launch = 0;
 };
 
 struct EpochMetrics {

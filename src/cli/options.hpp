@@ -25,6 +25,7 @@ struct DeviceFlags {
   std::optional<std::string> gpus;
   bool deterministic = false;
   bool tf32 = false;
+  bool no_cuda_graphs = false;  // train's flag
 };
 
 struct DataFlags {

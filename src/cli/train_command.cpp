@@ -72,6 +72,8 @@ int interrupted(const Interruption& i) {
 
 void add_train_flags(CLI::App& app, TrainFlags& f) {
   add_device_flags(app, f.device);
+  app.add_flag("--no-cuda-graphs", f.device.no_cuda_graphs,
+               "CUDA: enqueue each step's work instead of replaying it as a CUDA graph");
   app.add_option("--mode", f.mode, "ddp, or dp for torch.nn.DataParallel's step: one host thread, device 0 holds the batch, the loss and the update")
       ->check(CLI::IsMember({"ddp", "dp"}))
       ->capture_default_str();

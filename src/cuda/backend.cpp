@@ -41,7 +41,7 @@ class CudaBackend final : public Backend {
   std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<Device* const> devices) override {
     std::vector<cuda::CudaDevice*> gpus;
     for (Device* d : devices) gpus.push_back(&cuda_device(*d));
-    return cuda::make_communicators(gpus);
+    return cuda::make_communicators(gpus, options_.cuda_graphs);
   }
 
   std::unique_ptr<Replica> make_replica(Device& device, std::uint32_t max_batch) override {

@@ -1,5 +1,6 @@
 #include "device.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <thread>
@@ -59,8 +60,129 @@ void CudaDevice::compute_wait_comm() {
 
 TimeMark CudaDevice::mark(Lane lane) {
   const TimeMark m{lane, marks_taken_++};
-  CUDA_CHECK(cudaEventRecord(marks_[m.id % kMarks].get(), lane == Lane::kCompute ? compute_.get() : comm_.get()));
+  cudaEvent_t event = marks_[m.id % kMarks].get();
+  record_event(event, lane == Lane::kCompute ? compute_.get() : comm_.get());
+  if (recording_) {
+    recorded_marks_.push_back(event);
+    recorded_lanes_.push_back(lane);
+  }
   return m;
+}
+
+void CudaDevice::record_event(cudaEvent_t event, cudaStream_t stream) const {
+  // The external flag is refused outside a capture.
+  CUDA_CHECK(cudaEventRecordWithFlags(event, stream, recording_ ? cudaEventRecordExternal : cudaEventRecordDefault));
+}
+
+namespace {
+
+struct GraphRelease {
+  void operator()(cudaGraph_t g) const noexcept { cudaGraphDestroy(g); }
+};
+struct GraphExecRelease {
+  void operator()(cudaGraphExec_t g) const noexcept { cudaGraphExecDestroy(g); }
+};
+
+// An instantiated graph, with the template it came from: its mark nodes are the
+// template's nodes, retargeted in the instance before each launch.
+class CudaRecordedStep final : public RecordedStep {
+ public:
+  CudaRecordedStep(int device, Owner<cudaGraph_t, GraphRelease> graph, Owner<cudaGraphExec_t, GraphExecRelease> exec,
+                   std::vector<cudaGraphNode_t> mark_nodes, std::vector<Lane> lanes)
+      : device_(device),
+        graph_(std::move(graph)),
+        exec_(std::move(exec)),
+        mark_nodes_(std::move(mark_nodes)),
+        lanes_(std::move(lanes)) {}
+  ~CudaRecordedStep() override { cudaSetDevice(device_); }  // released on its device
+
+  cudaGraphExec_t exec() const { return exec_.get(); }
+  const std::vector<cudaGraphNode_t>& mark_nodes() const { return mark_nodes_; }
+  const std::vector<Lane>& lanes() const { return lanes_; }
+
+ private:
+  int device_;
+  Owner<cudaGraph_t, GraphRelease> graph_;
+  Owner<cudaGraphExec_t, GraphExecRelease> exec_;
+  std::vector<cudaGraphNode_t> mark_nodes_;  // in the order mark() made them
+  std::vector<Lane> lanes_;
+};
+
+// The graph's event record nodes of `events`, in their order; empty when one is missing.
+std::vector<cudaGraphNode_t> nodes_recording(cudaGraph_t graph, const std::vector<cudaEvent_t>& events) {
+  std::size_t count = 0;
+  CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  std::vector<cudaGraphNode_t> found(events.size(), nullptr);
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type != cudaGraphNodeTypeEventRecord) continue;
+    cudaEvent_t event = nullptr;
+    CUDA_CHECK(cudaGraphEventRecordNodeGetEvent(node, &event));
+    const auto at = std::find(events.begin(), events.end(), event);
+    if (at != events.end()) found[static_cast<std::size_t>(at - events.begin())] = node;
+  }
+  if (std::find(found.begin(), found.end(), nullptr) != found.end()) return {};
+  return found;
+}
+
+}  // namespace
+
+void CudaDevice::begin_record() {
+  if (!record_allowed_) throw RuntimeFailure(name() + ": its steps may not be recorded");
+  if (recording_) throw RuntimeFailure(name() + ": begin_record() while recording");
+  recorded_marks_.clear();
+  recorded_lanes_.clear();
+  CUDA_CHECK(cudaStreamBeginCapture(compute_.get(), cudaStreamCaptureModeThreadLocal));
+  recording_ = true;
+}
+
+std::unique_ptr<RecordedStep> CudaDevice::end_record(std::string& why) {
+  if (!recording_) throw RuntimeFailure(name() + ": end_record() without begin_record()");
+  recording_ = false;
+  cudaGraph_t raw = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(compute_.get(), &raw);
+  Owner<cudaGraph_t, GraphRelease> graph(raw);
+  if (!why.empty()) {
+    cudaGetLastError();  // the failed capture's error, reported through `why`
+    return nullptr;
+  }
+  if (ended != cudaSuccess) {
+    why = std::string("capture failed: ") + cudaGetErrorString(ended);
+    cudaGetLastError();
+    return nullptr;
+  }
+  std::vector<cudaGraphNode_t> nodes = nodes_recording(graph.get(), recorded_marks_);
+  if (nodes.size() != recorded_marks_.size()) {
+    why = "the graph lacks a time mark's event record";
+    return nullptr;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph.get(), 0);
+  if (made != cudaSuccess) {
+    why = std::string("graph instantiation failed: ") + cudaGetErrorString(made);
+    cudaGetLastError();
+    return nullptr;
+  }
+  return std::make_unique<CudaRecordedStep>(id_, std::move(graph), Owner<cudaGraphExec_t, GraphExecRelease>(exec),
+                                            std::move(nodes), recorded_lanes_);
+}
+
+std::size_t CudaDevice::replay(RecordedStep& step, std::span<TimeMark> marks) {
+  auto* recorded = dynamic_cast<CudaRecordedStep*>(&step);
+  if (recorded == nullptr) throw RuntimeFailure(name() + ": replay of a step another kind of device recorded");
+  const std::vector<cudaGraphNode_t>& nodes = recorded->mark_nodes();
+  if (marks.size() < nodes.size())
+    throw RuntimeFailure(name() + ": replay of a step with " + std::to_string(nodes.size()) + " marks into " +
+                         std::to_string(marks.size()));
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    marks[i] = TimeMark{recorded->lanes()[i], marks_taken_++};
+    CUDA_CHECK(cudaGraphExecEventRecordNodeSetEvent(recorded->exec(), nodes[i], marks_[marks[i].id % kMarks].get()));
+  }
+  CUDA_CHECK(cudaGraphLaunch(recorded->exec(), compute_.get()));
+  return nodes.size();
 }
 
 namespace {

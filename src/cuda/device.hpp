@@ -32,6 +32,20 @@ class CudaDevice final : public Device {
   std::optional<double> mark_time(const TimeMark& mark) override;
   std::optional<double> elapsed(const TimeMark& from, const TimeMark& to) override;
 
+  // CUDA graphs: the compute stream captures (thread-local mode, as NCCL asks of a
+  // thread per GPU), and the streams that wait for it join the capture.
+  bool can_record() const override { return record_allowed_; }
+  void begin_record() override;
+  std::unique_ptr<RecordedStep> end_record(std::string& why) override;
+  std::size_t replay(RecordedStep& step, std::span<TimeMark> marks) override;
+  // Main thread, by the communicators made for the device: whether its steps may be
+  // recorded (on with BackendOptions::cuda_graphs, off for ranks that share a GPU, whose
+  // collectives run through host callbacks that a replay would not repeat).
+  void allow_record(bool allowed) { record_allowed_ = allowed; }
+  // Records `event` on `stream`; while recording, as a node of the graph (an external
+  // event record), so that each replay records it.
+  void record_event(cudaEvent_t event, cudaStream_t stream) const;
+
   int id() const { return id_; }
   cudaStream_t compute() const { return compute_.get(); }
   cudaStream_t comm() const { return comm_.get(); }
@@ -66,6 +80,10 @@ class CudaDevice final : public Device {
   std::uint64_t marks_taken_ = 0;
   EventOwner origin_;
   double origin_seconds_ = 0;
+  bool record_allowed_ = false;
+  bool recording_ = false;
+  std::vector<cudaEvent_t> recorded_marks_;  // the events mark() recorded into, while recording
+  std::vector<Lane> recorded_lanes_;
   std::shared_ptr<const std::atomic<bool>> group_aborted_;  // none until a group is made
   std::function<void()> check_group_;
 

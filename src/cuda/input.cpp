@@ -87,6 +87,7 @@ const std::uint8_t* InputStage::send(std::size_t from, std::size_t bytes) {
   return s.device.data();
 }
 
-void InputStage::release() { CUDA_CHECK(cudaEventRecord(slots_[current_].consumed.get(), device_.compute())); }
+// Recorded into a step's graph as well: each replay releases the slot it read.
+void InputStage::release() { device_.record_event(slots_[current_].consumed.get(), device_.compute()); }
 
 }  // namespace mnist_mt::cuda

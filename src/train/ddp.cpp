@@ -2,7 +2,8 @@
 // stream as soon as backward has written the bucket, while backward goes on; the
 // optimizer's work waits for all of them on the device. The host never waits for the
 // device inside a step: the phases are timed by marks on the streams, the stats and the
-// NaN guard's decisions stay on the device, and both are read every kReadEvery steps.
+// NaN guard's decisions stay on the device, and both are read every kReadEvery steps. On
+// GPUs the step's work after its input copy is one CUDA graph (step_graphs.hpp).
 #include <array>
 #include <optional>
 #include <string>
@@ -15,6 +16,7 @@
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "run.hpp"
+#include "step_graphs.hpp"
 #include "step_timer.hpp"
 
 namespace mnist_mt {
@@ -29,7 +31,9 @@ class DdpWorker {
         comm_(*run.comms[rank]),
         buckets_(make_buckets(run.config.bucket_mb)),
         step_(run.start.step),
-        timer_(device_, rank, run.trace ? &*run.trace : nullptr) {}
+        timer_(device_, rank, run.trace ? &*run.trace : nullptr),
+        graphs_(device_, comm_, rank),
+        guard_(run.update_guard(comm_)) {}
 
   void operator()() noexcept {
     try {
@@ -130,13 +134,23 @@ class DdpWorker {
     run_.inject_stall(rank_, step_, StallPhase::kCompute);
     run_.inject_nan(rank_, step_, *replica_);
     replica_->set_input(*batch);
-    replica_->forward(true, key, batch->size);
+    // The host's part of the step ends here when a recording of it is replayed: a rank
+    // that never joins the step's allreduces stalls before enqueueing any of its work.
+    run_.beat(rank_, step_, Phase::kCollective);
+    run_.inject_stall(rank_, step_, StallPhase::kCollective);
+    const std::uint32_t rows = batch->size;
+    graphs_.run({rows, replica_->input_buffer(), key}, timer_, [&] { enqueue_step(key, rows); });
+    phase.host_launch += steady_seconds() - got;
+    run_.undo_nan(rank_, step_, *replica_);
+  }
+
+  // The step's work after its input: forward, backward with each bucket's allreduce on
+  // the comm stream as soon as backward has written the bucket, the guarded update.
+  void enqueue_step(const DropoutKey& key, std::uint32_t rows) {
+    replica_->forward(true, key, rows);
     timer_.end_forward();
 
-    run_.beat(rank_, step_, Phase::kCollective);  // a rank that never joins the step's allreduces
-    run_.inject_stall(rank_, step_, StallPhase::kCollective);
     run_.beat(rank_, step_, Phase::kBackward);
-
     std::size_t next = 0;
     replica_->backward([&](int layer) {
       if (next < buckets_.size() && buckets_[next].ready_layer == layer) {
@@ -156,9 +170,8 @@ class DdpWorker {
     timer_.end_comm_wait();
     // Every rank's gradients reach every replica: a non-finite loss or norm anywhere
     // would be a non-finite model everywhere, so the device drops the update itself.
-    replica_->guarded_sgd_step(run_.config.sgd, run_.update_guard(step_, comm_));
+    replica_->guarded_sgd_step(run_.config.sgd, guard_);
     timer_.end_step();
-    run_.undo_nan(rank_, step_, *replica_);
   }
 
   // The stats since the last read and the phase times of the steps the device has
@@ -194,6 +207,8 @@ class DdpWorker {
   std::uint64_t step_;  // global: optimizer steps taken
   std::unique_ptr<Replica> replica_;
   StepTimer timer_;
+  StepGraphs graphs_;  // after replica_: its recordings are released first
+  const UpdateGuard guard_;
   std::optional<std::uint64_t> unread_;  // the snapshot the next read() reads
 };
 

@@ -31,7 +31,8 @@ void MetricsFile::write(const EpochMetrics& m) {
         {"comm_wait", m.phase_seconds.comm_wait},
         {"optimizer", m.phase_seconds.optimizer},
         {"broadcast", m.phase_seconds.broadcast},
-        {"gather", m.phase_seconds.gather}}},
+        {"gather", m.phase_seconds.gather},
+        {"host_launch", m.phase_seconds.host_launch}}},
   };
   out_ << line.dump() << '\n' << std::flush;
   if (!out_) throw RuntimeFailure("metrics file " + path_.string() + ": writing failed");

@@ -1,0 +1,62 @@
+#include "step_graphs.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <iostream>
+#include <span>
+#include <string>
+
+namespace mnist_mt {
+
+StepGraphs::StepGraphs(Device& device, Communicator& comm, int rank)
+    : device_(device), comm_(comm), rank_(rank), enabled_(device.can_record()) {}
+
+void StepGraphs::run(const Key& key, StepTimer& timer, const std::function<void()>& enqueue) {
+  if (!enabled_) {
+    enqueue();
+    return;
+  }
+  for (auto& [k, graph] : graphs_) {
+    if (k == key) {
+      replay(*graph, timer);
+      return;
+    }
+  }
+  device_.begin_record();
+  std::string why;
+  try {
+    enqueue();
+  } catch (const std::exception& e) {  // an Aborted peer reaches this rank again below
+    why = e.what();
+    if (why.empty()) why = "a call failed while the step was recorded";
+  }
+  std::unique_ptr<RecordedStep> graph = device_.end_record(why);
+  timer.drop_recorded();  // the recording's marks are never passed
+
+  std::vector<double> failed(static_cast<std::size_t>(comm_.size()), 0.0);
+  failed[static_cast<std::size_t>(rank_)] = graph ? 0.0 : 1.0;
+  comm_.allreduce_host(failed);
+  const auto first_failed = std::find(failed.begin(), failed.end(), 1.0);
+  if (first_failed != failed.end()) {
+    enabled_ = false;
+    graphs_.clear();
+    if (first_failed - failed.begin() == rank_)
+      std::cerr << "mnist_mt: warning: " << device_.name()
+                << ": CUDA graphs off, every rank runs its steps as they are enqueued: " << why << "\n";
+    enqueue();
+    return;
+  }
+  // A new epoch's dropout key replaces the last one's recordings.
+  std::erase_if(graphs_, [&](const auto& g) {
+    return g.first.dropout.seed != key.dropout.seed || g.first.dropout.epoch != key.dropout.epoch;
+  });
+  graphs_.emplace_back(key, std::move(graph));
+  replay(*graphs_.back().second, timer);
+}
+
+void StepGraphs::replay(RecordedStep& graph, StepTimer& timer) {
+  const std::size_t made = device_.replay(graph, marks_);
+  timer.replayed(std::span<const TimeMark>(marks_.data(), made));
+}
+
+}  // namespace mnist_mt

@@ -1,0 +1,57 @@
+#pragma once
+// A DDP rank's training step recorded once and replayed (DESIGN.md decision 11): on GPUs
+// one CUDA graph of everything the step enqueues after its input copy (forward, loss,
+// backward, each bucket's allreduce on the comm stream, the guarded update). A recording
+// freezes the values the step's calls were given, so it is replayed only under the same
+// key; what changes from step to step lives on the device: the input (in the buffer
+// set_input() filled, part of the key), the update's step (the replica counts its
+// updates) and whether the momentum buffer has started. Every rank records, or none:
+// whether a collective is captured must be the same on every rank of an NCCL communicator.
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "mnist_mt/communicator.hpp"
+#include "mnist_mt/device.hpp"
+#include "mnist_mt/replica.hpp"
+#include "step_timer.hpp"
+
+namespace mnist_mt {
+
+class StepGraphs {
+ public:
+  // What a recording of the step froze besides the run's constants.
+  struct Key {
+    std::uint32_t batch = 0;
+    int input_buffer = 0;  // Replica::input_buffer()
+    DropoutKey dropout;
+    bool operator==(const Key& o) const {
+      return batch == o.batch && input_buffer == o.input_buffer && dropout.seed == o.dropout.seed &&
+             dropout.epoch == o.dropout.epoch;
+    }
+  };
+
+  // Records only where `device` can (not on CPU devices, nor with --no-cuda-graphs).
+  StepGraphs(Device& device, Communicator& comm, int rank);
+
+  // Runs one step: `enqueue` (its work after the input copy, marking `timer` as it goes)
+  // enqueued as it is, or recorded under `key` the first time and replayed since. The
+  // first rank whose recording fails says why in one warning, and every rank runs its
+  // steps as they are enqueued from then on.
+  void run(const Key& key, StepTimer& timer, const std::function<void()>& enqueue);
+
+ private:
+  void replay(RecordedStep& graph, StepTimer& timer);
+
+  Device& device_;
+  Communicator& comm_;
+  const int rank_;
+  bool enabled_;
+  std::vector<std::pair<Key, std::unique_ptr<RecordedStep>>> graphs_;
+  std::array<TimeMark, StepTimer::kMaxMarks> marks_{};
+};
+
+}  // namespace mnist_mt
