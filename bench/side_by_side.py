@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""Runs mnist_mt builds and modes side by side, interleaved, on the same data and settings,
+and prints a Markdown table: the medians of the runs' training images/s, each variant's
+ratio to the first, its exposed communication, and its milliseconds per step in each phase.
+
+    bench/side_by_side.py --data DIR --modes ddp,dp                 # ddp against dp
+    bench/side_by_side.py --data DIR --builds base=OLD/build,now=build   # a build against another
+    [--ranks 2] [--batches 4,64] [--reps 3] [--isa native,avx2]
+
+A variant is a (build, mode) pair; with several builds and modes, every pair runs. Batch 4
+runs 3000 steps, larger batches 300, in one epoch; the evaluation after it is not part of
+images/s. Exposed communication is the compute stream's wait for the comm stream before
+the update (`comm_wait`), as a share of the epoch's time.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("data_wait", "broadcast", "forward", "gather", "backward", "comm_wait", "optimizer")
+
+
+def cpu_model():
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def named_builds(text):
+    builds = []
+    for item in text.split(","):
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise argparse.ArgumentTypeError(f"--builds: {item!r} is not NAME=DIR")
+        binary = Path(path) / "mnist_mt"
+        if not binary.exists():
+            raise argparse.ArgumentTypeError(f"--builds: {binary}: no such binary (build it first)")
+        builds.append((name, binary))
+    return builds
+
+
+def run(binary, args, mode, batch, isa):
+    steps = 3000 if batch <= 4 else 300
+    env = dict(os.environ)
+    env.pop("ONEDNN_MAX_CPU_ISA", None)
+    if isa == "avx2":
+        env["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = Path(tmp) / "metrics.jsonl"
+        command = [str(binary), "--cpu", str(args.ranks), "--mode", mode, "--batch-size", str(batch),
+                   "--max-steps", str(steps), "--epochs", "1", "--data", args.data, "--metrics", str(metrics)]
+        done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            sys.exit(f"side_by_side.py: {shlex.join(command)} exited {done.returncode}: {done.stderr.strip()}")
+        epoch = json.loads(metrics.read_text().splitlines()[0])
+    prefix = "ONEDNN_MAX_CPU_ISA=AVX2 " if isa == "avx2" else ""
+    shown = [os.path.relpath(binary, Path.cwd())] + command[1:-2] + ["--metrics", "FILE"]
+    return epoch, prefix + shlex.join(shown)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True, help="MNIST or Fashion-MNIST IDX directory")
+    parser.add_argument("--builds", type=named_builds, default=None,
+                        help="NAME=DIR,... meson build directories with mnist_mt (default: now=build)")
+    parser.add_argument("--modes", default="ddp", help="ddp, dp or ddp,dp")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--batches", default="4,64")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--isa", default="native,avx2")
+    args = parser.parse_args()
+    builds = args.builds or named_builds(f"now={ROOT / 'build'}")
+    modes = args.modes.split(",")
+    if any(m not in ("ddp", "dp") for m in modes):
+        sys.exit(f"side_by_side.py: --modes: {args.modes!r} is not a list of ddp and dp")
+    def label(name, mode):  # what tells the variants apart
+        return " ".join(([name] if len(builds) > 1 else []) + ([mode] if len(modes) > 1 or len(builds) == 1 else []))
+
+    variants = [(label(name, mode), binary, mode) for name, binary in builds for mode in modes]
+    batches = [int(b) for b in args.batches.split(",")]
+    isas = args.isa.split(",")
+    runs, commands = {}, []
+    for _ in range(args.reps):  # interleaved, so drift on a shared machine hits every variant
+        for isa in isas:
+            for batch in batches:
+                for label, binary, mode in variants:
+                    epoch, command = run(binary, args, mode, batch, isa)
+                    runs.setdefault((isa, batch, label), []).append(epoch)
+                    if command not in commands:
+                        commands.append(command)
+
+    def median(isa, batch, label, pick):
+        return statistics.median(pick(e) for e in runs[(isa, batch, label)])
+
+    first = variants[0][0]
+    lines = [f"**{args.ranks} CPU ranks, medians of {args.reps} interleaved runs**", "",
+             "| ISA | batch | variant | images/s | ratio to " + first + " | exposed comm | ms/step: " +
+             ", ".join(PHASES) + " |", "|---|---:|---|---:|---:|---:|---|"]
+    for isa in isas:
+        for batch in batches:
+            base = median(isa, batch, first, lambda e: e["images_per_s"])
+            for label, _, _ in variants:
+                speed = median(isa, batch, label, lambda e: e["images_per_s"])
+                comm = median(isa, batch, label, lambda e: 100 * e["phase_seconds"]["comm_wait"] / e["seconds"])
+                phases = "; ".join(
+                    f"{p} {median(isa, batch, label, lambda e: 1e3 * e['phase_seconds'].get(p, 0.0) / e['steps']):.3f}"
+                    for p in PHASES)
+                lines.append(f"| {isa} | {batch} | {label} | {speed:,.1f} | {speed / base:.3f}× | {comm:.1f}% | "
+                             f"{phases} |")
+    lines += ["", f"Machine: {cpu_model()}, {os.cpu_count()} cores usable. Date: {datetime.date.today().isoformat()}.",
+              "", f"Command: `{shlex.join(['bench/side_by_side.py'] + sys.argv[1:])}`, which ran:", ""]
+    lines += [f"- `{c}`" for c in commands]
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
