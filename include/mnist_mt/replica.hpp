@@ -21,6 +21,7 @@ struct SgdOptions {
 struct DropoutKey {
   std::uint64_t seed = 0;
   std::uint32_t epoch = 0;
+  bool operator==(const DropoutKey&) const = default;
 };
 
 // A training step whose update guarded_sgd_step() dropped: its loss (this replica's) and

@@ -51,8 +51,9 @@ class HostGroup {
   int inside_ = 0;  // ranks between the start and the end of a collective
   std::uint64_t generation_ = 0;
   bool aborted_ = false;
-  // The current collective's buffer of each rank: written by that rank before the first
-  // barrier, read by the others only between the first and the last.
+  // The current collective's buffer of each rank: set by that rank before the first
+  // barrier; the others read it, and the allreduce writes its result chunks into it, only
+  // between the first barrier and the last.
   std::vector<float*> buffers_;
   std::vector<double*> host_buffers_;
   std::vector<double> squares_;  // allreduce: each rank's chunk's sum of squares, likewise

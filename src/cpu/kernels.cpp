@@ -136,7 +136,8 @@ template <std::size_t>  // auto-vectorised
 
 // 32 lanes, summed in lane order at the end: the same bits on every ISA. A float's
 // square is exact in double, so a fused multiply-add rounds as a multiply and an add do.
-// Four vectors of eight doubles, so that the adds do not wait on each other's latency.
+// Several vectors of doubles (four of eight on AVX-512, eight of four on AVX2), so that
+// the adds do not wait on each other's latency.
 template <std::size_t>  // auto-vectorised
 [[gnu::always_inline]] inline void sum_of_squares_body(const float* x, std::size_t count, double* out) {
   constexpr std::size_t kLanes = 32;

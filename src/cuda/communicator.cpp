@@ -25,16 +25,18 @@ class NcclGroup {
     for (CudaDevice* d : devices) ids.push_back(d->id());
     comms_.resize(ids.size());
     NCCL_CHECK(ncclCommInitAll(comms_.data(), static_cast<int>(ids.size()), ids.data()));
+    aborters_.reserve(comms_.size());  // abort() allocates nothing
+    unaborted_.reserve(comms_.size());
   }
 
   // After the ranks' threads have ended and released their graphs.
   ~NcclGroup() {
-    if (aborter_.joinable()) {
-      aborter_.join();
+    if (!aborted()) {
+      for (ncclComm_t comm : comms_) ncclCommDestroy(comm);
       return;
     }
-    if (aborted()) return;
-    for (ncclComm_t comm : comms_) ncclCommDestroy(comm);
+    for (std::thread& t : aborters_) t.join();
+    for (ncclComm_t comm : unaborted_) ncclCommAbort(comm);
   }
 
   NcclGroup(const NcclGroup&) = delete;
@@ -72,20 +74,20 @@ class NcclGroup {
   }
 
   // The first call aborts every rank (kernels waiting for a peer return; the
-  // communicators are freed); later calls, from any thread, find it done. The ranks
-  // see the flag at once. ncclCommAbort runs on a thread of its own: it returns only once
-  // every CUDA graph that captured a collective of the group is released, which the ranks'
-  // threads do when they leave, having seen the flag; one of them may be the caller.
+  // communicators are freed); later calls, from any thread, find it done. The ranks see
+  // the flag at once. Each ncclCommAbort runs on a thread of its own: it returns only once
+  // every CUDA graph that captured a collective of its communicator is released, which
+  // that rank's thread does when it leaves, having seen the flag (it may be the caller),
+  // and one rank's wait must not hold up the others' aborts.
   void abort() noexcept {
     if (aborted_->exchange(true, std::memory_order_acq_rel)) return;
-    try {
-      aborter_ = std::thread([this] {
-        const std::unique_lock lock(mutex_);
-        for (ncclComm_t comm : comms_) ncclCommAbort(comm);
-      });
-    } catch (...) {  // no thread: abort here, which cannot wait for graphs of this thread
-      const std::unique_lock lock(mutex_);
-      for (ncclComm_t comm : comms_) ncclCommAbort(comm);
+    { const std::unique_lock wait_for_calls_under_way(mutex_); }  // none starts after the flag
+    for (ncclComm_t comm : comms_) {
+      try {
+        aborters_.emplace_back([comm] { ncclCommAbort(comm); });
+      } catch (...) {  // no thread: the destructor aborts it, once the graphs are released
+        unaborted_.push_back(comm);
+      }
     }
   }
 
@@ -94,7 +96,8 @@ class NcclGroup {
   std::vector<ncclComm_t> comms_;
   // Shared with the group's devices, which report it from their synchronize().
   std::shared_ptr<std::atomic<bool>> aborted_ = std::make_shared<std::atomic<bool>>(false);
-  std::thread aborter_;  // started by the first abort(), joined by the destructor
+  std::vector<std::thread> aborters_;  // started by the first abort(), joined by the destructor
+  std::vector<ncclComm_t> unaborted_;   // those abort() found no thread for
 
   // A shared hold of the communicators, or none once the group is aborted: a caller never
   // blocks behind the abort, which may be waiting for that caller's thread to leave.

@@ -42,6 +42,7 @@ class CudaDevice final : public Device {
   // recorded (on with BackendOptions::cuda_graphs, off for ranks that share a GPU, whose
   // collectives run through host callbacks that a replay would not repeat).
   void allow_record(bool allowed) { record_allowed_ = allowed; }
+  bool recording() const { return recording_; }
   // Records `event` on `stream`; while recording, as a node of the graph (an external
   // event record), so that each replay records it.
   void record_event(cudaEvent_t event, cudaStream_t stream) const;

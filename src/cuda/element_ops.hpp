@@ -40,7 +40,8 @@ MNIST_MT_HD float normalize_at(const std::uint8_t* images, std::size_t i, float 
 // with 0 rather than a 0, so a dropped NaN stays NaN, as in PyTorch and the CPU backend.
 MNIST_MT_HD float apply_dropout(float v, const DropoutArgs& d, std::size_t row, std::uint32_t element) {
   if (d.p <= 0.0f) return v;
-  return v * (dropout_keep(d.seed, d.epoch, d.samples[row], d.stream, element, d.p) ? d.scale : 0.0f);
+  const std::uint32_t epoch = d.epoch_at != nullptr ? *d.epoch_at : d.epoch;
+  return v * (dropout_keep(d.seed, epoch, d.samples[row], d.stream, element, d.p) ? d.scale : 0.0f);
 }
 
 // y[rows][channels][spatial] after bias, ReLU and dropout.

@@ -10,15 +10,17 @@
 namespace mnist_mt::cuda {
 namespace {
 
-// A batch of n samples packed as [images | labels | pad | indices], so one copy moves it.
+// A batch of n samples packed as [images | labels | pad | indices | epoch], so one copy
+// moves it.
 struct Layout {
-  std::size_t labels, indices, bytes;
+  std::size_t labels, indices, epoch, bytes;
 };
 
 Layout layout(std::uint32_t n) {
   const std::size_t labels = std::size_t{n} * kImageBytes;
   const std::size_t indices = (labels + n + 15) / 16 * 16;
-  return {labels, indices, indices + std::size_t{n} * sizeof(std::uint32_t)};
+  const std::size_t epoch = indices + std::size_t{n} * sizeof(std::uint32_t);
+  return {labels, indices, epoch, epoch + sizeof(std::uint32_t)};
 }
 
 }  // namespace
@@ -49,8 +51,10 @@ DeviceBatch InputStage::upload(const Batch& batch) {
   std::memcpy(host, batch.images.data(), std::size_t{n} * kImageBytes);
   std::memcpy(host + at.labels, batch.labels.data(), n);
   std::memcpy(host + at.indices, batch.indices.data(), std::size_t{n} * sizeof(std::uint32_t));
+  std::memcpy(host + at.epoch, &batch.epoch, sizeof batch.epoch);
   const std::uint8_t* dev = send(0, at.bytes);
-  return {n, dev, dev + at.labels, reinterpret_cast<const std::uint32_t*>(dev + at.indices)};
+  return {n, dev, dev + at.labels, reinterpret_cast<const std::uint32_t*>(dev + at.indices),
+          reinterpret_cast<const std::uint32_t*>(dev + at.epoch)};
 }
 
 DeviceBatch InputStage::upload_indices(std::span<const std::uint32_t> indices) {
@@ -62,7 +66,8 @@ DeviceBatch InputStage::upload_indices(std::span<const std::uint32_t> indices) {
   std::uint8_t* host = next_slot();
   std::memcpy(host + at.indices, indices.data(), n * sizeof(std::uint32_t));
   const std::uint8_t* dev = send(at.indices, n * sizeof(std::uint32_t));
-  return {static_cast<std::uint32_t>(n), nullptr, nullptr, reinterpret_cast<const std::uint32_t*>(dev + at.indices)};
+  return {static_cast<std::uint32_t>(n), nullptr, nullptr, reinterpret_cast<const std::uint32_t*>(dev + at.indices),
+          nullptr};
 }
 
 // The host may overwrite the pinned slot once its previous upload is done: normally

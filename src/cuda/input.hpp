@@ -1,5 +1,5 @@
 #pragma once
-// Batches to the device: the host copies a batch into one of two pinned slots, the copy
+// Batches to the device: the host copies a batch (and its epoch) into one of two pinned slots, the copy
 // stream uploads it, and the compute stream waits for the upload by an event. With two
 // slots the upload of the next batch overlaps the compute still reading the last one.
 #include <array>
@@ -16,6 +16,7 @@ struct DeviceBatch {
   const std::uint8_t* images = nullptr;    // size * kImageBytes
   const std::uint8_t* labels = nullptr;    // size
   const std::uint32_t* indices = nullptr;  // size
+  const std::uint32_t* epoch = nullptr;    // the batch's epoch (Batch::epoch); null for indices alone
 };
 
 class InputStage {

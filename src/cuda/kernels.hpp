@@ -22,6 +22,9 @@ struct DropoutArgs {
   RandomStream stream = RandomStream::kDropout0;
   float p = 0.0f;
   float scale = 1.0f;  // 1/(1-p), applied to kept elements
+  // device: when given, the epoch is read from here instead (a recorded step's input
+  // upload carries its batch's epoch, so one recording serves every epoch)
+  const std::uint32_t* epoch_at = nullptr;
 };
 
 // out = (images/255 - mean) / std, elementwise.
@@ -61,7 +64,7 @@ struct SgdArgs {
   float lr = 0.0f;
   float momentum = 0.0f;
   float weight_decay = 0.0f;
-  bool first = false;  // the buffer starts as the first step's d
+  bool first = false;  // the buffer starts as the first step's d (sgd_update's `first` flag replaces it)
 };
 // The momentum buffer's state on the device, ints: whether an update has started it,
 // and whether the coming update is its first. Kept there so that a recorded step (a
@@ -71,7 +74,8 @@ enum MomentumState : std::size_t { kMomentumStarted, kMomentumFirst, kMomentumSt
 // buffer counts as started when the update runs (`gate` null or non-zero).
 void begin_update(int* state, const int* gate, StreamHandle stream);
 // `gate`, when given, is a device flag: the update runs only where it is non-zero.
-// `first`, when given, is a device flag that replaces args.first.
+// `first`, when given, is a device flag that replaces args.first (the replica's updates
+// pass the MomentumState flag; the kernel tests pass args.first alone).
 void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdArgs& args,
                 StreamHandle stream, const int* gate = nullptr, const int* first = nullptr);
 

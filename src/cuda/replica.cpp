@@ -115,13 +115,15 @@ class CudaReplica final : public Replica {
       pass_on_zeros(n);
       prepared_.push_back(n);
     }
-    CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, stats_.bytes(), stream()));
+    // The statistics, not the halt flag nor the count of guarded updates, as on CPU devices.
+    CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, kStatHalted * sizeof(double), stream()));
     device_.wait_stream(stream());
   }
 
   void set_input(const Batch& batch) override {
     device_.activate();
     batch_ = input_.upload(batch);
+    input_epoch_ = batch.epoch;
     normalize_images(batch_.images, x_.data(), std::size_t{batch_.size} * kImageBytes, kInputMean, kInputStd,
                      stream());
     input_.release();
@@ -171,8 +173,16 @@ class CudaReplica final : public Replica {
     device_.activate();
     const int n = rows("forward");
     const DropoutArgs none;
-    const DropoutArgs drop1 = train ? dropout(batch_, key, RandomStream::kDropout0, kDropout1) : none;
-    const DropoutArgs drop2 = train ? dropout(batch_, key, RandomStream::kDropout1, kDropout2) : none;
+    DropoutArgs drop1 = train ? dropout(batch_, key, RandomStream::kDropout0, kDropout1) : none;
+    DropoutArgs drop2 = train ? dropout(batch_, key, RandomStream::kDropout1, kDropout2) : none;
+    if (train && device_.recording()) {
+      // A recorded step is replayed in later epochs: its masks take the epoch from each
+      // replay's input upload. The recording is made from a real step, whose key it checks.
+      if (batch_.epoch == nullptr || input_epoch_ != key.epoch)
+        throw RuntimeFailure(device_.name() + ": a recorded forward with dropout epoch " + std::to_string(key.epoch) +
+                             " needs a set_input() batch of that epoch");
+      drop1.epoch_at = drop2.epoch_at = batch_.epoch;
+    }
     const Workspace ws = workspace();
 
     conv1_.forward(cudnn_.get(), n, x_.data(), param(0), a1_.data(), ws);
@@ -395,6 +405,7 @@ class CudaReplica final : public Replica {
   InputStage input_;
   DeviceBatch batch_;  // size: the rows the next forward and backward use
   std::uint32_t input_rows_ = 0, labelled_rows_ = 0;  // of the last input; those with labels
+  std::uint32_t input_epoch_ = 0;  // Batch::epoch of the last set_input()
   std::vector<std::uint32_t> prepared_;  // batch sizes whose algorithms are chosen and loaded
   // Scales the last forward pass gave kept elements (1: no dropout), for backward().
   float pool_scale_ = 1.0f;

@@ -5,6 +5,7 @@
 // NaN guard's decisions stay on the device, and both are read every kReadEvery steps. On
 // GPUs the step's work after its input copy is one CUDA graph (step_graphs.hpp).
 #include <array>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -139,7 +140,8 @@ class DdpWorker {
     run_.beat(rank_, step_, Phase::kCollective);
     run_.inject_stall(rank_, step_, StallPhase::kCollective);
     const std::uint32_t rows = batch->size;
-    graphs_.run({rows, replica_->input_buffer(), key}, timer_, [&] { enqueue_step(key, rows); });
+    const auto enqueue = [&] { enqueue_step(key, rows); };
+    graphs_.run({rows, replica_->input_buffer(), key.seed}, timer_, std::ref(enqueue));
     phase.host_launch += steady_seconds() - got;
     run_.undo_nan(rank_, step_, *replica_);
   }

@@ -22,6 +22,7 @@ void StepGraphs::run(const Key& key, StepTimer& timer, const std::function<void(
       return;
     }
   }
+  const std::size_t marked = timer.marks();  // before the step's work
   device_.begin_record();
   std::string why;
   try {
@@ -31,10 +32,11 @@ void StepGraphs::run(const Key& key, StepTimer& timer, const std::function<void(
     if (why.empty()) why = "a call failed while the step was recorded";
   }
   std::unique_ptr<RecordedStep> graph = device_.end_record(why);
-  timer.drop_recorded();  // the recording's marks are never passed
+  timer.drop_marks_after(marked);  // the recording's marks are never passed
 
   std::vector<double> failed(static_cast<std::size_t>(comm_.size()), 0.0);
   failed[static_cast<std::size_t>(rank_)] = graph ? 0.0 : 1.0;
+  device_.comm_wait_compute();  // after every collective the steps before have launched
   comm_.allreduce_host(failed);
   const auto first_failed = std::find(failed.begin(), failed.end(), 1.0);
   if (first_failed != failed.end()) {
@@ -46,10 +48,6 @@ void StepGraphs::run(const Key& key, StepTimer& timer, const std::function<void(
     enqueue();
     return;
   }
-  // A new epoch's dropout key replaces the last one's recordings.
-  std::erase_if(graphs_, [&](const auto& g) {
-    return g.first.dropout.seed != key.dropout.seed || g.first.dropout.epoch != key.dropout.epoch;
-  });
   graphs_.emplace_back(key, std::move(graph));
   replay(*graphs_.back().second, timer);
 }

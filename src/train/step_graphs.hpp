@@ -4,9 +4,11 @@
 // backward, each bucket's allreduce on the comm stream, the guarded update). A recording
 // freezes the values the step's calls were given, so it is replayed only under the same
 // key; what changes from step to step lives on the device: the input (in the buffer
-// set_input() filled, part of the key), the update's step (the replica counts its
-// updates) and whether the momentum buffer has started. Every rank records, or none:
-// whether a collective is captured must be the same on every rank of an NCCL communicator.
+// set_input() filled, part of the key) with its epoch, which keys the dropout masks, the
+// update's step (the replica counts its updates) and whether the momentum buffer has
+// started. So a run records two steps, its first two, one per input buffer. Every rank
+// records, or none: whether a collective is captured must be the same on every rank of
+// an NCCL communicator.
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -23,15 +25,13 @@ namespace mnist_mt {
 
 class StepGraphs {
  public:
-  // What a recording of the step froze besides the run's constants.
+  // What a recording of the step froze besides the run's constants (the SGD options, the
+  // guard, the buckets).
   struct Key {
     std::uint32_t batch = 0;
-    int input_buffer = 0;  // Replica::input_buffer()
-    DropoutKey dropout;
-    bool operator==(const Key& o) const {
-      return batch == o.batch && input_buffer == o.input_buffer && dropout.seed == o.dropout.seed &&
-             dropout.epoch == o.dropout.epoch;
-    }
+    int input_buffer = 0;     // Replica::input_buffer()
+    std::uint64_t seed = 0;   // the dropout key's; its epoch comes with the input
+    bool operator==(const Key&) const = default;
   };
 
   // Records only where `device` can (not on CPU devices, nor with --no-cuda-graphs).
@@ -40,7 +40,8 @@ class StepGraphs {
   // Runs one step: `enqueue` (its work after the input copy, marking `timer` as it goes)
   // enqueued as it is, or recorded under `key` the first time and replayed since. The
   // first rank whose recording fails says why in one warning, and every rank runs its
-  // steps as they are enqueued from then on.
+  // steps as they are enqueued from then on. Pass a lambda by std::ref: a step then
+  // allocates nothing for it.
   void run(const Key& key, StepTimer& timer, const std::function<void()>& enqueue);
 
  private:

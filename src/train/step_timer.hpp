@@ -34,10 +34,11 @@ class StepTimer {
   void end_comm_wait() { add(Lane::kCompute); }
   void end_step() { add(Lane::kCompute); }
 
-  // A recorded step (step_graphs.hpp): the marks made since begin() while its work was
-  // recorded will never be passed, and are dropped; replayed() takes the marks its replay
-  // records instead, in the same order.
-  void drop_recorded() { open().count = 1; }
+  // A recorded step (step_graphs.hpp): the marks made while its work was recorded will
+  // never be passed, and are dropped (those after the first `count` of the open step);
+  // replayed() takes the marks its replay records instead, in the same order.
+  std::size_t marks() { return open().count; }
+  void drop_marks_after(std::size_t count) { open().count = count; }
   void replayed(std::span<const TimeMark> marks);
 
   // Adds the phases of every step the device has passed to `into`; the others wait for
