@@ -81,8 +81,10 @@ struct PhaseSeconds {
   // device before forward; the outputs to device 0, the loss there and the output
   // gradients back, between forward and backward.
   double broadcast = 0, gather = 0;
-  // --mode ddp only: the host's time to enqueue its steps after the batch arrived (the
-  // input copy, and the step's work or its graph's launch), which overlaps the device's.
+  // --mode ddp only: the host's time to enqueue its steps after the batch arrived: the
+  // input copy, which first waits until the device is done with the input buffer it
+  // reuses (what bounds how far the host runs ahead), and the step's work or its graph's
+  // launch.
   double host_launch = 0;
 };
 
