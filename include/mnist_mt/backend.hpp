@@ -8,6 +8,7 @@
 
 #include "mnist_mt/communicator.hpp"
 #include "mnist_mt/device.hpp"
+#include "mnist_mt/processes.hpp"
 #include "mnist_mt/replica.hpp"
 
 namespace mnist_mt {
@@ -26,8 +27,11 @@ class Backend {
   virtual int device_count() const = 0;
   // Main thread. `ids` are checked by the caller (distinct, < device_count()).
   virtual std::vector<std::unique_ptr<Device>> make_devices(std::span<const int> ids) = 0;
-  // Main thread, one communicator per device, rank i on devices[i] (ncclCommInitAll).
-  virtual std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<Device* const> devices) = 0;
+  // Main thread, one communicator per device, world rank place.first_rank + i on
+  // devices[i]: in one process ncclCommInitAll; with several (place.processes),
+  // ncclCommInitRank, or the CPU's hierarchical allreduce. Every process calls it.
+  virtual std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<Device* const> devices,
+                                                                        const Place& place = {}) = 0;
   // On the thread that will drive it, after device.activate(). Weights are zero until
   // written.
   virtual std::unique_ptr<Replica> make_replica(Device& device, std::uint32_t max_batch) = 0;

@@ -13,7 +13,11 @@
 namespace mnist_mt {
 
 struct LoaderOptions {
-  std::uint32_t world = 1;
+  std::uint32_t world = 1;       // ranks of every process: the shards
+  // This process's ranks: world ranks first_rank .. first_rank + ranks - 1, which next()
+  // numbers 0 .. ranks - 1; ranks 0: every rank of the world.
+  std::uint32_t first_rank = 0;
+  std::uint32_t ranks = 0;
   std::uint32_t batch = 64;      // per rank
   bool train = true;             // shuffled, drop_last; false: split order, every sample once
   std::uint64_t seed = 0;
@@ -31,7 +35,7 @@ class Loader {
 
   std::uint32_t steps() const;
 
-  // Blocks until rank's next batch is ready. Returns nullptr after the last step,
+  // Blocks until rank's next batch is ready (`rank` counts this process's ranks). Returns nullptr after the last step,
   // or once cancelled. Rethrows an error raised inside the pipeline.
   // The batch stays valid until the same rank's next call to next().
   const Batch* next(std::uint32_t rank);

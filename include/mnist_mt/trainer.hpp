@@ -32,6 +32,10 @@ enum class NanPolicy { kStop, kSkip };
 // rank at once and train() throws Interrupted.
 class StopRequest {
  public:
+  // A run of several processes (MPI) cannot agree on a step to stop at without an
+  // exchange of its own: there the first signal aborts too (SignalWatch).
+  void abort_at_first_signal() { abort_at_first_.store(true); }
+  bool aborts_at_first_signal() const { return abort_at_first_.load(); }
   void stop(int signal) { stop_.store(signal); }
   void abort(int signal) { abort_.store(signal); }
   int stop_signal() const { return stop_.load(); }    // 0: none
@@ -40,6 +44,7 @@ class StopRequest {
  private:
   std::atomic<int> stop_{0};
   std::atomic<int> abort_{0};
+  std::atomic<bool> abort_at_first_{false};
 };
 
 struct TrainConfig {
@@ -69,6 +74,11 @@ struct TrainConfig {
   std::uint32_t max_steps = 0;     // per epoch, 0 = all (tests and benchmarks)
   bool evaluate = true;
   std::ostream* progress = nullptr;  // rank 0's progress lines and epoch summaries
+  // The processes of an MPI launch (null: this one only). Every process runs train() with
+  // the same config and as many devices; its ranks follow the previous process's in the
+  // world. World rank 0's process alone writes the metrics, checkpoints and trace, and
+  // reports progress and results (the others' TrainResult has no epochs).
+  std::shared_ptr<Processes> processes;
 
  private:
   friend struct TrainerTesting;  // src/train/trainer_testing.hpp: injected faults and stalls

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "mnist_mt/processes.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "options.hpp"
 
@@ -40,7 +41,8 @@ struct TrainFlags {
 void add_train_flags(CLI::App& app, TrainFlags& f);
 // `stop` carries the SIGINT/SIGTERM requests; the exit code is 128 + the signal when
 // one stopped the run.
-int run_train(const TrainFlags& f, StopRequest& stop);
+// `processes`: the MPI launch this process is part of, or null.
+int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Processes>& processes);
 
 struct EvalFlags {
   DeviceFlags device;

@@ -1,13 +1,14 @@
 // mnist_mt: training (no subcommand), `eval` and `predict` of a checkpoint, --version.
 // Exit codes: 0 done, 2 bad input or usage, 3 a failure while running, 130/143 a
 // training stopped by SIGINT/SIGTERM (128 + the signal). Every error is one line on
-// stderr.
+// stderr. Under mpirun/srun, training runs as one of several processes.
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <iostream>
 
 #include "commands.hpp"
 #include "mnist_mt/error.hpp"
+#include "mnist_mt/processes.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "train/signal_watch.hpp"
 
@@ -70,5 +71,15 @@ int main(int argc, char** argv) {
   // checkpoint. Made before training starts any thread, so that every thread blocks them.
   mnist_mt::StopRequest stop;
   const mnist_mt::SignalWatch signals(stop);
-  return guarded([&] { return run_train(train, stop); });
+  // Under mpirun/srun: MPI is initialised after the signals are blocked, so that its
+  // threads leave them to the watch. A process that fails ends every process of the
+  // launch (MPI_Abort), having said why: its peers would wait for it otherwise.
+  std::shared_ptr<mnist_mt::Processes> processes;
+  const int code = guarded([&] {
+    processes = mnist_mt::join_launch(argc, argv);
+    if (processes) stop.abort_at_first_signal();
+    return run_train(train, stop, processes);
+  });
+  if (code != 0 && processes) processes->abort(code);
+  return code;
 }

@@ -113,9 +113,14 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--inject-nan", f.inject_nan)->group("");
 }
 
-int run_train(const TrainFlags& f, StopRequest& stop) {
+int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Processes>& processes) {
   TrainConfig config;
   config.stop = &stop;
+  config.processes = processes;
+  // World rank 0's process reports; the others say only what goes wrong (stderr).
+  const bool reports = processes == nullptr || processes->index() == 0;
+  std::ostream quiet(nullptr);
+  std::ostream& out = reports ? std::cout : quiet;
   config.mode = f.mode == "dp" ? Mode::kDp : Mode::kDdp;
   config.epochs = count_flag(f.epochs, 0, "--epochs");
   config.batch = count_flag(f.batch, 0, "--batch-size");
@@ -143,16 +148,17 @@ int run_train(const TrainFlags& f, StopRequest& stop) {
   config.save_every = count_flag(f.save_every, 0, "--save-every");
   config.keep = count_flag(f.keep, 0, "--keep");
   config.timeout_s = f.timeout;
-  config.progress = &std::cout;
+  config.progress = &out;
 
   Devices devices = pick_devices(f.device);
   config.devices = devices.ids;
   // The values are checked before the data is found or downloaded.
   with_flag_names(kTrainFlags, [&] { check_train_config(config); });
-  const Dataset data = load_data(f.data, std::cout);
-  std::cout << "mnist_mt: " << (config.mode == Mode::kDp ? "dp" : "ddp") << " on " << config.devices.size() << ' '
-            << devices.backend->name() << " device(s), batch " << config.batch << " per device, " << data.train.size()
-            << " training and " << data.test.size() << " test images" << std::endl;
+  const Dataset data = load_data(f.data, out);
+  out << "mnist_mt: " << (config.mode == Mode::kDp ? "dp" : "ddp") << " on ";
+  if (processes != nullptr) out << processes->count() << " processes x ";
+  out << config.devices.size() << ' ' << devices.backend->name() << " device(s), batch " << config.batch
+      << " per device, " << data.train.size() << " training and " << data.test.size() << " test images" << std::endl;
   const TrainResult result = with_flag_names(kTrainFlags, [&] { return train(*devices.backend, data, config); });
   return result.interrupted ? interrupted(*result.interrupted) : 0;
 }

@@ -30,10 +30,11 @@ class CpuBackend final : public Backend {
     return devices;
   }
 
-  std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<Device* const> devices) override {
+  std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<Device* const> devices,
+                                                                const Place& place) override {
     std::vector<cpu::CpuDevice*> cpus;
     for (Device* d : devices) cpus.push_back(&cpu_device(*d));
-    return cpu::make_communicators(cpus);
+    return cpu::make_communicators(cpus, place);
   }
 
   std::unique_ptr<Replica> make_replica(Device& device, std::uint32_t max_batch) override {

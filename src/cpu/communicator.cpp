@@ -13,11 +13,11 @@ namespace {
 
 class CpuCommunicator final : public Communicator {
  public:
-  CpuCommunicator(std::shared_ptr<HostGroup> group, CpuDevice& device, int rank)
-      : group_(std::move(group)), device_(device), rank_(rank) {}
+  CpuCommunicator(std::shared_ptr<HostGroup> group, CpuDevice& device, int rank, int first_rank)
+      : group_(std::move(group)), device_(device), rank_(rank), first_rank_(first_rank) {}
 
-  int rank() const override { return rank_; }
-  int size() const override { return group_->size(); }
+  int rank() const override { return first_rank_ + rank_; }
+  int size() const override { return group_->world(); }
 
   void allreduce(float* data, std::size_t count, ReduceOp op) override {
     enqueue([g = group_, r = rank_, data, count, op, sum = squares_] { *sum += g->allreduce(r, data, count, op); });
@@ -43,7 +43,7 @@ class CpuCommunicator final : public Communicator {
     });
   }
   void barrier() override {
-    enqueue([g = group_] { g->barrier(); });
+    enqueue([g = group_, r = rank_] { g->world_barrier(r); });
   }
   void allreduce_host(std::span<double> data) override {
     device_.comm().wait(enqueue([g = group_, r = rank_, data] { g->allreduce_host(r, data); }));
@@ -57,19 +57,20 @@ class CpuCommunicator final : public Communicator {
 
   std::shared_ptr<HostGroup> group_;
   CpuDevice& device_;
-  int rank_;
+  int rank_;  // in this process
+  int first_rank_;
   // Shared with the queued allreduces, which may run on after a failure left this behind.
   std::shared_ptr<double> squares_ = std::make_shared<double>(0.0);
 };
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CpuDevice* const> devices) {
-  auto group = std::make_shared<HostGroup>(static_cast<int>(devices.size()));
+std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CpuDevice* const> devices, const Place& place) {
+  auto group = std::make_shared<HostGroup>(static_cast<int>(devices.size()), place.processes);
   std::vector<std::unique_ptr<Communicator>> comms;
   comms.reserve(devices.size());
   for (std::size_t r = 0; r < devices.size(); ++r) {
-    comms.push_back(std::make_unique<CpuCommunicator>(group, *devices[r], static_cast<int>(r)));
+    comms.push_back(std::make_unique<CpuCommunicator>(group, *devices[r], static_cast<int>(r), place.first_rank));
   }
   return comms;
 }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "kernels.hpp"
 #include "mnist_mt/error.hpp"
@@ -29,15 +31,16 @@ Chunk chunk_of(std::size_t count, int rank, int world) {
   return {begin, std::min(count, begin + per) - begin};
 }
 
-// out[i] = (((in[0][i] + in[1][i]) + in[2][i]) + ...) for i in the chunk, divided by W
-// for an average, into every buffer of `out`. The order of additions never depends on the
-// chunk, hence the reproducibility; the block keeps the loop vectorised and lets `out`
-// alias an input. Returns the sum of squares of the result's chunk, block by block while
-// the block is in cache.
-double reduce_chunk(std::span<float* const> in, Chunk chunk, std::span<float* const> out, ReduceOp op) {
+// out[i] = (((in[0][i] + in[1][i]) + in[2][i]) + ...) for i in the chunk, divided by
+// `world` for an average (in.size(), but for the processes' sums of a larger world), into
+// every buffer of `out`. The order of additions never depends on the chunk, hence the
+// reproducibility; the block keeps the loop vectorised and lets `out` alias an input.
+// Returns the sum of squares of the result's chunk, block by block while the block is in
+// cache.
+double reduce_chunk(std::span<float* const> in, Chunk chunk, std::span<float* const> out, ReduceOp op,
+                    std::size_t world) {
   constexpr std::size_t kBlock = 1024;
   alignas(64) float acc[kBlock];
-  const std::size_t world = in.size();
   // x / W and x * (1/W) are the same correctly rounded value when W is a power of two.
   const bool exact_inverse = (world & (world - 1)) == 0;
   const float inverse = 1.0f / static_cast<float>(world), divisor = static_cast<float>(world);
@@ -45,7 +48,7 @@ double reduce_chunk(std::span<float* const> in, Chunk chunk, std::span<float* co
   for (std::size_t b = chunk.begin; b < chunk.begin + chunk.count; b += kBlock) {
     const std::size_t n = std::min(kBlock, chunk.begin + chunk.count - b);
     std::copy_n(in[0] + b, n, acc);
-    for (std::size_t s = 1; s < world; ++s) {
+    for (std::size_t s = 1; s < in.size(); ++s) {
       const float* x = in[s] + b;
       for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
     }
@@ -62,6 +65,22 @@ double reduce_chunk(std::span<float* const> in, Chunk chunk, std::span<float* co
 
 }  // namespace
 
+HostGroup::HostGroup(int size, std::shared_ptr<Processes> processes)
+    : size_(size), processes_(std::move(processes)), buffers_(size), host_buffers_(size), squares_(size) {}
+
+void HostGroup::refuse_across(const char* collective) const {
+  if (across()) throw RuntimeFailure(std::string(collective) + " between processes is not supported (--mode dp runs in one process)");
+}
+
+double HostGroup::exchange(float* data, std::size_t count, ReduceOp op) {
+  const int processes = processes_->count();
+  exchanged_.resize(count * static_cast<std::size_t>(processes));
+  processes_->allgather(data, exchanged_.data(), count * sizeof(float), [this] { return aborted(); });
+  std::vector<float*> sums(static_cast<std::size_t>(processes));
+  for (int p = 0; p < processes; ++p) sums[static_cast<std::size_t>(p)] = exchanged_.data() + count * static_cast<std::size_t>(p);
+  return reduce_chunk(sums, {0, count}, std::span(&data, 1), op, static_cast<std::size_t>(world()));
+}
+
 void HostGroup::barrier() {
   std::unique_lock lock(mutex_);
   if (aborted_) throw Aborted("collective aborted: a peer failed");
@@ -74,6 +93,18 @@ void HostGroup::barrier() {
   }
   cv_.wait(lock, [&] { return aborted_ || generation_ != generation; });
   if (generation_ == generation) throw Aborted("collective aborted: a peer failed");
+}
+
+void HostGroup::world_barrier(int rank) {
+  collective([&] {
+    barrier();
+    if (across() && rank == 0) {
+      const char mine = 0;
+      std::vector<char> all(static_cast<std::size_t>(processes_->count()));
+      processes_->allgather(&mine, all.data(), 1, [this] { return aborted(); });
+    }
+    barrier();
+  });
 }
 
 void HostGroup::abort() {
@@ -94,6 +125,21 @@ bool HostGroup::aborted() const {
 // second pass over the data.
 double HostGroup::allreduce(int rank, float* data, std::size_t count, ReduceOp op) {
   double total = 0;
+  if (across()) {
+    collective([&] {
+      buffers_[rank] = data;
+      barrier();
+      if (size_ > 1) reduce_chunk(buffers_, chunk_of(count, rank, size_), std::span(&buffers_[0], 1), ReduceOp::kSum, 1);
+      barrier();
+      if (rank == 0) squares_[0] = exchange(data, count, op);
+      barrier();
+      if (rank != 0) copy(data, buffers_[0], count);
+      total = squares_[0];
+      // No rank goes on (and rank 0 writes its buffer again) while a peer still copies.
+      barrier();
+    });
+    return total;
+  }
   collective([&] {
     if (size_ == 1) {  // the identity; the barrier still reports an abort
       barrier();
@@ -102,7 +148,7 @@ double HostGroup::allreduce(int rank, float* data, std::size_t count, ReduceOp o
     }
     buffers_[rank] = data;
     barrier();
-    squares_[rank] = reduce_chunk(buffers_, chunk_of(count, rank, size_), buffers_, op);
+    squares_[rank] = reduce_chunk(buffers_, chunk_of(count, rank, size_), buffers_, op, buffers_.size());
     // Every chunk written: no rank reads a peer's buffer after this. squares_ is written
     // again only past the next collective's first barrier, which waits for this rank.
     barrier();
@@ -111,8 +157,12 @@ double HostGroup::allreduce(int rank, float* data, std::size_t count, ReduceOp o
   return total;
 }
 
+// Across processes from world rank 0 only: each process's rank 0 receives it first.
 void HostGroup::broadcast(int rank, float* data, std::size_t count, int root) {
+  if (across() && root != 0)
+    throw RuntimeFailure("a broadcast between processes from rank " + std::to_string(root) + ", not rank 0");
   collective([&] {
+    if (across() && rank == 0) processes_->broadcast(data, count * sizeof(float), 0, [this] { return aborted(); });
     buffers_[rank] = data;
     barrier();
     if (rank != root) copy(data, buffers_[root], count);
@@ -130,6 +180,7 @@ std::size_t offset_of(std::span<const std::size_t> counts, int rank) {
 
 // Each rank copies its own chunk, from or into root's buffer, between the barriers.
 void HostGroup::scatter(int rank, float* data, std::span<const std::size_t> counts, int root) {
+  refuse_across("scatter");
   collective([&] {
     buffers_[rank] = data;
     barrier();
@@ -139,6 +190,7 @@ void HostGroup::scatter(int rank, float* data, std::span<const std::size_t> coun
 }
 
 void HostGroup::gather(int rank, float* data, std::span<const std::size_t> counts, int root) {
+  refuse_across("gather");
   collective([&] {
     buffers_[rank] = data;
     barrier();
@@ -149,6 +201,7 @@ void HostGroup::gather(int rank, float* data, std::span<const std::size_t> count
 
 // Each rank sums its chunk straight into root's buffer. Root's result: as allreduce's.
 double HostGroup::reduce(int rank, float* data, std::size_t count, ReduceOp op, int root) {
+  refuse_across("reduce");
   double total = 0;
   collective([&] {
     if (size_ == 1) {
@@ -158,7 +211,8 @@ double HostGroup::reduce(int rank, float* data, std::size_t count, ReduceOp op, 
     }
     buffers_[rank] = data;
     barrier();
-    squares_[rank] = reduce_chunk(buffers_, chunk_of(count, rank, size_), std::span(&buffers_[root], 1), op);
+    squares_[rank] =
+        reduce_chunk(buffers_, chunk_of(count, rank, size_), std::span(&buffers_[root], 1), op, buffers_.size());
     barrier();
     // Read before root enters the next collective, the only one that writes squares_ again.
     if (rank == root) {
@@ -168,16 +222,41 @@ double HostGroup::reduce(int rank, float* data, std::size_t count, ReduceOp op, 
   return total;
 }
 
+namespace {
+// The sum of `count` values at each of `in`, added in their order.
+std::vector<double> sum_in_order(std::span<const double* const> in, std::size_t count) {
+  std::vector<double> sum(in[0], in[0] + count);
+  for (std::size_t s = 1; s < in.size(); ++s) {
+    for (std::size_t i = 0; i < count; ++i) sum[i] += in[s][i];
+  }
+  return sum;
+}
+}  // namespace
+
 void HostGroup::allreduce_host(int rank, std::span<double> data) {
   collective([&] {
     host_buffers_[rank] = data.data();
     barrier();
-    std::vector<double> sum(host_buffers_[0], host_buffers_[0] + data.size());
-    for (int s = 1; s < size_; ++s) {
-      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += host_buffers_[s][i];
+    if (!across()) {
+      const std::vector<double> sum = sum_in_order(host_buffers_, data.size());
+      barrier();
+      std::copy(sum.begin(), sum.end(), data.begin());
+      return;
+    }
+    // Rank 0 adds the processes' sums; the others read the result after the barrier, and
+    // rank 0 writes it again only past the next collective's first barrier.
+    if (rank == 0) {
+      const std::vector<double> mine = sum_in_order(host_buffers_, data.size());
+      const auto processes = static_cast<std::size_t>(processes_->count());
+      host_exchanged_.resize(data.size() * processes);
+      processes_->allgather(mine.data(), host_exchanged_.data(), data.size() * sizeof(double),
+                            [this] { return aborted(); });
+      std::vector<const double*> sums(processes);
+      for (std::size_t p = 0; p < processes; ++p) sums[p] = host_exchanged_.data() + data.size() * p;
+      host_result_ = sum_in_order(sums, data.size());
     }
     barrier();
-    std::copy(sum.begin(), sum.end(), data.begin());
+    std::copy(host_result_.begin(), host_result_.end(), data.begin());
   });
 }
 

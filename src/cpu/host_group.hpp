@@ -6,23 +6,37 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <vector>
 
 #include "mnist_mt/communicator.hpp"
+#include "mnist_mt/processes.hpp"
 
 namespace mnist_mt::cpu {
 
 // Every method but abort() runs on a thread of its rank, inside a collective that all
 // ranks enter in the same order. Sums add each element in rank order 0..W-1 whatever the
 // count or chunking, so results are bitwise reproducible; an average is that sum / W.
+//
+// With `processes` (several of them, each with a group of as many ranks) the group's
+// allreduce, allreduce_host, broadcast (from world rank 0) and barrier span the world,
+// hierarchically: the ranks of each process reduce in rank order into rank 0's buffer,
+// rank 0's thread exchanges that sum with every other process (Processes::allgather)
+// and adds the processes' sums in process order, and every rank copies the result. So
+// every process holds the same bits, and a rerun repeats them; an average divides by
+// the world's ranks. reduce, scatter and gather stay within one process.
 class HostGroup {
  public:
-  explicit HostGroup(int size) : size_(size), buffers_(size), host_buffers_(size), squares_(size) {}
-  int size() const { return size_; }
+  explicit HostGroup(int size, std::shared_ptr<Processes> processes = nullptr);
+  int size() const { return size_; }  // this process's ranks
+  // Every process's ranks.
+  int world() const { return size_ * (processes_ ? processes_->count() : 1); }
 
   void barrier();
+  // Communicator::barrier: every rank of the world (barrier() is this process's).
+  void world_barrier(int rank);
   // Any thread: releases every rank waiting in a collective, now or later, with Aborted.
   void abort();
   bool aborted() const;
@@ -43,8 +57,17 @@ class HostGroup {
  private:
   template <typename Body>
   void collective(Body&& body);
+  bool across() const { return processes_ != nullptr && processes_->count() > 1; }
+  // Rank 0's part of a collective across processes: the world's sum of `count` floats
+  // whose process's sum is in `data` (an average: / world()), and its sum of squares.
+  double exchange(float* data, std::size_t count, ReduceOp op);
+  void refuse_across(const char* collective) const;
 
   const int size_;
+  const std::shared_ptr<Processes> processes_;
+  std::vector<float> exchanged_;         // rank 0's: every process's sums, in process order
+  std::vector<double> host_exchanged_;   // likewise for allreduce_host
+  std::vector<double> host_result_;      // allreduce_host's result across processes
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   int waiting_ = 0;
@@ -55,7 +78,7 @@ class HostGroup {
   // barrier; the others read it, and the allreduce writes its result chunks into it, only
   // between the first barrier and the last.
   std::vector<float*> buffers_;
-  std::vector<double*> host_buffers_;
+  std::vector<const double*> host_buffers_;
   std::vector<double> squares_;  // allreduce: each rank's chunk's sum of squares, likewise
 };
 

@@ -38,10 +38,11 @@ class CudaBackend final : public Backend {
     return devices;
   }
 
-  std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<Device* const> devices) override {
+  std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<Device* const> devices,
+                                                                const Place& place) override {
     std::vector<cuda::CudaDevice*> gpus;
     for (Device* d : devices) gpus.push_back(&cuda_device(*d));
-    return cuda::make_communicators(gpus, options_.cuda_graphs);
+    return cuda::make_communicators(gpus, options_.cuda_graphs, place);
   }
 
   std::unique_ptr<Replica> make_replica(Device& device, std::uint32_t max_batch) override {

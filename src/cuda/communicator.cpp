@@ -20,11 +20,16 @@ namespace {
 // Owns the group's NCCL communicators; shared by its ranks' Communicators.
 class NcclGroup {
  public:
-  explicit NcclGroup(std::span<CudaDevice* const> devices) {
+  NcclGroup(std::span<CudaDevice* const> devices, const Place& place)
+      : world_(place.world > 0 ? place.world : static_cast<int>(devices.size())), first_rank_(place.first_rank) {
     std::vector<int> ids;
     for (CudaDevice* d : devices) ids.push_back(d->id());
     comms_.resize(ids.size());
-    NCCL_CHECK(ncclCommInitAll(comms_.data(), static_cast<int>(ids.size()), ids.data()));
+    if (place.process_count() == 1) {
+      NCCL_CHECK(ncclCommInitAll(comms_.data(), static_cast<int>(ids.size()), ids.data()));
+    } else {
+      init_ranks(ids, place);
+    }
     aborters_.reserve(comms_.size());  // abort() allocates nothing
     unaborted_.reserve(comms_.size());
   }
@@ -42,7 +47,8 @@ class NcclGroup {
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
 
-  int size() const { return static_cast<int>(comms_.size()); }
+  int size() const { return world_; }  // the world's ranks
+  int first_rank() const { return first_rank_; }
   bool aborted() const { return aborted_->load(std::memory_order_acquire); }
   // For the group's devices, which report it from their waits.
   const std::shared_ptr<std::atomic<bool>>& aborted_flag() const { return aborted_; }
@@ -92,6 +98,28 @@ class NcclGroup {
   }
 
  private:
+  // One communicator per local device, ranks first_rank.. of the world, initialised
+  // together (NCCL's documentation: one thread, several devices, inside a group).
+  void init_ranks(const std::vector<int>& ids, const Place& place) {
+    ncclUniqueId id{};
+    if (place.process() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    place.processes->broadcast(&id, sizeof id, 0, [] { return false; });
+    NCCL_CHECK(ncclGroupStart());
+    ncclResult_t first = ncclSuccess;
+    for (std::size_t i = 0; i < ids.size() && first == ncclSuccess; ++i) {
+      if (cudaSetDevice(ids[i]) != cudaSuccess) {
+        first = ncclUnhandledCudaError;
+        break;
+      }
+      first = ncclCommInitRank(&comms_[i], world_, id, first_rank_ + static_cast<int>(i));
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    NCCL_CHECK(first);
+    NCCL_CHECK(end);
+  }
+
+  const int world_;
+  const int first_rank_;
   std::shared_mutex mutex_;  // shared: a call into a communicator; exclusive: abort()
   std::vector<ncclComm_t> comms_;
   // Shared with the group's devices, which report it from their synchronize().
@@ -133,7 +161,7 @@ class NcclCommunicator final : public Communicator {
 
   ~NcclCommunicator() override { cudaSetDevice(device_id_); }
 
-  int rank() const override { return rank_; }
+  int rank() const override { return group_->first_rank() + rank_; }
   int size() const override { return group_->size(); }
 
   void allreduce(float* data, std::size_t count, ReduceOp op) override {
@@ -209,7 +237,7 @@ class NcclCommunicator final : public Communicator {
       nccl([&](ncclComm_t c) {
         NCCL_CHECK(ncclGroupStart());
         try {
-          if (rank_ == root) {
+          if (rank() == root) {
             std::size_t at = 0;
             for (int r = 0; r < size(); ++r) {
               const std::size_t n = counts[static_cast<std::size_t>(r)];
@@ -221,7 +249,7 @@ class NcclCommunicator final : public Communicator {
               }
               at += n;
             }
-          } else if (const std::size_t n = counts[static_cast<std::size_t>(rank_)]; n > 0) {
+          } else if (const std::size_t n = counts[static_cast<std::size_t>(rank())]; n > 0) {
             if (scatter)
               NCCL_CHECK(ncclRecv(data, n, ncclFloat, root, c, stream_));
             else
@@ -287,10 +315,13 @@ void connect_peers(std::span<CudaDevice* const> devices, std::span<const std::un
     grouped([&](Communicator& c, float* b) { c.broadcast(b, count, 0); });
     grouped([&](Communicator& c, float* b) { c.reduce(b, count, ReduceOp::kSum, 0); });
   }
-  // The DataParallel baseline's point-to-point scatter and gather connect too.
-  const std::vector<std::size_t> chunks(devices.size(), 1);
-  grouped([&](Communicator& c, float* b) { c.scatter(b, chunks, 0); });
-  grouped([&](Communicator& c, float* b) { c.gather(b, chunks, 0); });
+  // The DataParallel baseline's point-to-point scatter and gather connect too (it runs
+  // in one process).
+  if (comms[0]->size() == static_cast<int>(comms.size())) {
+    const std::vector<std::size_t> chunks(devices.size(), 1);
+    grouped([&](Communicator& c, float* b) { c.scatter(b, chunks, 0); });
+    grouped([&](Communicator& c, float* b) { c.gather(b, chunks, 0); });
+  }
   for (std::size_t r = 0; r < devices.size(); ++r) {
     devices[r]->activate();
     devices[r]->synchronize();
@@ -300,12 +331,16 @@ void connect_peers(std::span<CudaDevice* const> devices, std::span<const std::un
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CudaDevice* const> devices, bool record) {
+std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CudaDevice* const> devices, bool record,
+                                                              const Place& place) {
   std::set<int> ids;
   for (CudaDevice* d : devices) ids.insert(d->id());
-  if (ids.size() != devices.size()) return make_staged_communicators(devices);
+  if (ids.size() != devices.size()) {
+    if (place.process_count() > 1) throw InputError("ranks that share a GPU run in one process only");
+    return make_staged_communicators(devices);
+  }
 
-  auto group = std::make_shared<NcclGroup>(devices);
+  auto group = std::make_shared<NcclGroup>(devices, place);
   std::vector<std::unique_ptr<Communicator>> comms;
   for (std::size_t rank = 0; rank < devices.size(); ++rank) {
     CudaDevice& device = *devices[rank];

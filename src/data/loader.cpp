@@ -48,6 +48,12 @@ std::uint32_t steps_per_item(std::uint32_t world, std::uint32_t batch) {
   return static_cast<std::uint32_t>(std::clamp<std::uint64_t>(steps, 1, kMaxStepsPerItem));
 }
 
+// Options whose ranks 0 means "every rank from first_rank on".
+LoaderOptions with_ranks(LoaderOptions options) {
+  if (options.ranks == 0 && options.first_rank < options.world) options.ranks = options.world - options.first_rank;
+  return options;
+}
+
 }  // namespace
 
 struct Loader::State {
@@ -111,18 +117,22 @@ struct Loader::State {
 
 Loader::State::State(const Split& split_in, const LoaderOptions& options_in,
                      std::function<void(std::uint32_t)> before_gather_in)
-    : split(split_in), options(options_in), before_gather(std::move(before_gather_in)), tokens(live_tokens()) {
+    : split(split_in), options(with_ranks(options_in)), before_gather(std::move(before_gather_in)), tokens(live_tokens()) {
   if (options.world == 0 || options.batch == 0 || options.depth == 0 || options.depth > kMaxDepth)
     throw InputError("loader: world size and batch size must be positive, queue depth 1.." +
                      std::to_string(kMaxDepth));
+  if (options.first_rank >= options.world || options.ranks > options.world - options.first_rank)
+    throw InputError("loader: ranks " + std::to_string(options.first_rank) + ".." +
+                     std::to_string(options.first_rank + options.ranks) + " of a world of " +
+                     std::to_string(options.world));
   if (split.images.size() != std::size_t{split.size()} * kImageBytes)
     throw InputError("loader: the split has " + std::to_string(split.size()) + " labels but " +
                      std::to_string(split.images.size()) + " image bytes");
-  group = steps_per_item(options.world, options.batch);
+  group = steps_per_item(options.ranks, options.batch);
   pool = tokens * group + options.depth + 1;
   plan = ShardPlan{split.size(), options.world, options.batch, options.train};
   if (options.train) order = epoch_permutation(options.seed, options.epoch, split.size());
-  ranks = std::vector<Rank>(options.world);
+  ranks = std::vector<Rank>(options.ranks);
   for (Rank& rank : ranks) {
     rank.slots.resize(pool);
     rank.slot_state = std::vector<std::atomic<std::uint32_t>>(pool);
@@ -180,7 +190,7 @@ void Loader::State::gather(std::uint32_t step) {
   if (before_gather) before_gather(step);
   if (stopped.load(std::memory_order_relaxed)) return;  // hand_off will not deliver it
   const std::uint32_t slot = step % pool;
-  for (std::uint32_t r = 0; r < options.world; ++r) {
+  for (std::uint32_t r = 0; r < options.ranks; ++r) {
     Rank& rank = ranks[r];
     std::uint32_t expected = kFree;
     // Acquire: the consumer has finished reading the batch this slot held before.
@@ -189,7 +199,7 @@ void Loader::State::gather(std::uint32_t step) {
                            " is still in use");
     Batch& batch = rank.slots[slot];
     batch.step = step;
-    batch.size = plan.shard(r, step, batch.indices);
+    batch.size = plan.shard(options.first_rank + r, step, batch.indices);
     for (std::uint32_t i = 0; i < batch.size; ++i) {
       const std::uint32_t index = order.empty() ? batch.indices[i] : order[batch.indices[i]];
       batch.indices[i] = index;
@@ -225,7 +235,7 @@ void Loader::State::hand_off(std::uint32_t first, std::uint32_t last) {
 }
 
 const Batch* Loader::State::next(std::uint32_t r) {
-  if (r >= options.world) throw std::out_of_range("Loader::next: rank " + std::to_string(r) + " out of range");
+  if (r >= options.ranks) throw std::out_of_range("Loader::next: rank " + std::to_string(r) + " out of range");
   Rank& rank = ranks[r];
   std::unique_lock lock(rank.mutex);
   if (rank.holding) {

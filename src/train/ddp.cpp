@@ -33,7 +33,7 @@ class DdpWorker {
         buckets_(make_buckets(run.config.bucket_mb)),
         step_(run.start.step),
         timer_(device_, rank, run.trace ? &*run.trace : nullptr),
-        graphs_(device_, comm_, rank),
+        graphs_(device_, comm_),
         guard_(run.update_guard(comm_)) {}
 
   void operator()() noexcept {
@@ -60,9 +60,9 @@ class DdpWorker {
   }
 
  private:
-  // Rank 0's parameters reach every rank; momentum is the same everywhere already.
+  // World rank 0's parameters reach every rank; momentum is the same everywhere already.
   void start() {
-    if (rank_ == 0) replica_->write_params(run_.start.params);
+    if (rank_ == 0) replica_->write_params(run_.start.params);  // world rank 0 is the broadcast's root
     if (!run_.start.momentum.empty()) replica_->write_momentum(run_.start.momentum);
     device_.comm_wait_compute();
     comm_.broadcast(replica_->params(), kParamCount, 0);
@@ -79,7 +79,7 @@ class DdpWorker {
       const auto lease = run_.loaders.acquire(epoch, true);
       const std::uint32_t first = run_.first_step(epoch);
       skip(lease.loader(), first);
-      Replica* rank0 = rank_ == 0 ? replica_.get() : nullptr;
+      Replica* rank0 = run_.global(rank_) == 0 ? replica_.get() : nullptr;
       const bool done = run_.train_steps(
           rank_, m, first, run_.steps_in_epoch(lease.loader().steps()), rank0, step_, train,
           [&](PhaseSeconds& phase) {
@@ -90,7 +90,7 @@ class DdpWorker {
           [&](bool wait) { read(m, train, wait); });
       m.skipped_steps = train.skipped;
       if (!done) {
-        if (rank_ == 0) run_.end_interrupted(*replica_, epoch, first + static_cast<std::uint32_t>(m.steps), step_);
+        if (rank0 != nullptr) run_.end_interrupted(*replica_, epoch, first + static_cast<std::uint32_t>(m.steps), step_);
         return false;
       }
     }
@@ -99,7 +99,7 @@ class DdpWorker {
     std::array<double, 6> sums{train.loss_sum, train.correct, train.samples, test.loss_sum, test.correct, test.samples};
     run_.beat(rank_, step_, Phase::kCommWait);
     comm_.allreduce_host(sums);
-    if (rank_ != 0) return true;
+    if (run_.global(rank_) != 0) return true;
     const auto world_stats = [&](std::size_t at) {  // the world's sums from sums[at]
       StepStats s;
       s.loss_sum = sums[at];
@@ -191,7 +191,7 @@ class DdpWorker {
 
   void add(StepStats& total, const StepStats& stats) {
     total += stats;
-    if (stats.non_finite) run_.on_non_finite(rank_, comm_, *stats.non_finite);
+    if (stats.non_finite) run_.on_non_finite(comm_, *stats.non_finite);
   }
 
   // This rank's shard of the test set; the caller sums the ranks' stats.
@@ -219,7 +219,7 @@ class DdpWorker {
 void train_ddp(Run& run) {
   std::vector<std::jthread> workers;
   try {
-    for (int r = 0; r < run.world(); ++r) {
+    for (int r = 0; r < run.ranks(); ++r) {
       workers.emplace_back([&run, r] {
         try {
           DdpWorker(run, r)();

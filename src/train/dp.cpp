@@ -30,8 +30,8 @@ class DpLoop {
 
   void operator()() noexcept {
     try {
-      const std::uint32_t global = run_.config.batch * static_cast<std::uint32_t>(run_.world());
-      for (int d = 0; d < run_.world(); ++d) {
+      const std::uint32_t global = run_.config.batch * static_cast<std::uint32_t>(run_.ranks());
+      for (int d = 0; d < run_.ranks(); ++d) {
         // Device 0 holds the global batch, its outputs and their gradients.
         replicas_.push_back(run_.backend.make_replica(on(d), d == 0 ? global : run_.config.batch));
         replicas_.back()->prepare(run_.batch_sizes(d));
@@ -69,7 +69,7 @@ class DpLoop {
   void collective(const std::function<void(int)>& op) {
     run_.backend.group_start();
     try {
-      for (int d = 0; d < run_.world(); ++d) {
+      for (int d = 0; d < run_.ranks(); ++d) {
         on(d).comm_wait_compute();
         op(d);
       }
@@ -90,7 +90,7 @@ class DpLoop {
   }
 
   void synchronize_all() {
-    for (int d = 0; d < run_.world(); ++d) on(d).synchronize();
+    for (int d = 0; d < run_.ranks(); ++d) on(d).synchronize();
   }
 
   // Rows of `width` floats, chunk d of device 0's `buffer(0)` to device d's `buffer(d)`
@@ -105,7 +105,7 @@ class DpLoop {
       else
         run_.comms[d]->gather(data, counts, 0);
     });
-    for (int d = 0; d < run_.world(); ++d) on(d).compute_wait_comm();
+    for (int d = 0; d < run_.ranks(); ++d) on(d).compute_wait_comm();
   }
 
   // False when a stop request ended the run inside this epoch. The watchdog sees the
@@ -119,7 +119,7 @@ class DpLoop {
       Loader loader(run_.data.train, run_.loaders.options(epoch, true));
       const std::uint32_t first = run_.first_step(epoch);
       for (std::uint32_t k = 0; k < first; ++k)
-        for (int d = 0; d < run_.world(); ++d)
+        for (int d = 0; d < run_.ranks(); ++d)
           if (loader.next(d) == nullptr) throw RuntimeFailure("the loader ended early");
       // The host waits for the device in every step: its stats are current, nothing to read.
       const bool done = run_.train_steps(
@@ -145,7 +145,7 @@ class DpLoop {
 
   // Empty when the step's update was dropped (NanPolicy::kSkip).
   std::optional<StepStats> step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {
-    const int world = run_.world();
+    const int world = run_.ranks();
     Stopwatch clock;
     run_.beat(0, step_, Phase::kData);
     gather_batch(loader);
@@ -214,7 +214,7 @@ class DpLoop {
 
   // The step's global batch on the host, shard d as chunk d.
   void gather_batch(Loader& loader) {
-    const int world = run_.world();
+    const int world = run_.ranks();
     chunks_.assign(static_cast<std::size_t>(world), 0);
     std::uint32_t n = 0;
     for (int d = 0; d < world; ++d) {
@@ -241,7 +241,7 @@ class DpLoop {
   void blame_non_finite_loss() {
     if (run_.config.on_nan != NanPolicy::kStop) return;
     std::uint32_t first = 0;
-    for (int d = 0; d < run_.world(); ++d) {
+    for (int d = 0; d < run_.ranks(); ++d) {
       on(0);
       replicas_[0]->loss(first, chunks_[d], batch_.size);
       const double loss_sum = replicas_[0]->take_stats().loss_sum;
@@ -258,7 +258,7 @@ class DpLoop {
     broadcast_params();
     Loader loader(run_.data.test, run_.loaders.options(key.epoch, false));
     for (std::uint32_t k = 0; k < loader.steps(); ++k) {
-      for (int d = 0; d < run_.world(); ++d) {
+      for (int d = 0; d < run_.ranks(); ++d) {
         const Batch* batch = loader.next(d);
         if (batch == nullptr) throw RuntimeFailure("the loader ended early");
         if (batch->size == 0) continue;
@@ -268,7 +268,7 @@ class DpLoop {
       }
     }
     StepStats stats;
-    for (int d = 0; d < run_.world(); ++d) {
+    for (int d = 0; d < run_.ranks(); ++d) {
       on(d);
       stats += replicas_[d]->take_stats();
     }

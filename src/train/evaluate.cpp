@@ -68,7 +68,7 @@ EvalResult evaluate(Backend& backend, const Dataset& data, const EvalConfig& con
   {
     std::vector<std::jthread> workers;
     try {
-      for (int r = 0; r < run.world(); ++r) workers.emplace_back([&run, &totals, r] { evaluate_rank(run, r, totals); });
+      for (int r = 0; r < run.ranks(); ++r) workers.emplace_back([&run, &totals, r] { evaluate_rank(run, r, totals); });
     } catch (...) {  // a thread that could not start: release those that did
       run.fail(static_cast<int>(workers.size()), run.start.step, std::current_exception());
     }

@@ -20,21 +20,49 @@
 namespace mnist_mt {
 namespace {
 
-void check(const TrainConfig& config, const Dataset& data) {
+void check(const TrainConfig& config, const Dataset& data, int world) {
   check_train_config(config);
-  const std::uint64_t global = std::uint64_t{config.batch} * config.devices.size();
+  const std::uint64_t global = std::uint64_t{config.batch} * static_cast<std::uint64_t>(world);
   if (global > data.train.size()) {
     throw InputError("the global batch, " + std::to_string(global) + " images (batch size " +
-                         std::to_string(config.batch) + " on " + std::to_string(config.devices.size()) +
+                         std::to_string(config.batch) + " on " + std::to_string(world) +
                          " ranks), exceeds the " + std::to_string(data.train.size()) + " training images",
                      "batch");
   }
 }
 
+// Where this process's ranks are: the processes agree that each runs as many ranks.
+Place place_of(const TrainConfig& config) {
+  Place place;
+  const int ranks = static_cast<int>(config.devices.size());
+  place.world = ranks;
+  const std::shared_ptr<Processes>& processes = config.processes;
+  if (processes == nullptr || processes->count() == 1) return place;
+  if (config.mode == Mode::kDp) {
+    throw InputError("--mode dp drives every device from one thread of one process: run it without mpirun/srun");
+  }
+  const int count = processes->count(), me = processes->index();
+  std::vector<std::int32_t> all(static_cast<std::size_t>(count));
+  const std::int32_t mine = ranks;
+  processes->allgather(&mine, all.data(), sizeof mine, [] { return false; });
+  for (int p = 0; p < count; ++p) {
+    if (all[static_cast<std::size_t>(p)] != mine) {
+      throw InputError("process " + std::to_string(p) + " (host " + processes->host(p) + ") runs " +
+                       std::to_string(all[static_cast<std::size_t>(p)]) + " ranks and process " + std::to_string(me) +
+                       " (host " + processes->host(me) + ") " + std::to_string(mine) +
+                       ": every process must run as many (--cpu, --gpus)");
+    }
+  }
+  place.processes = processes;
+  place.first_rank = me * ranks;
+  place.world = count * ranks;
+  return place;
+}
+
 // The checkpoint's parameters, momentum and loop state (its seed too, so that a resumed
 // run draws what an uninterrupted one would), or fresh parameters from the seed.
-Checkpoint starting_point(const TrainConfig& config, const Dataset& data) {
-  check(config, data);
+Checkpoint starting_point(const TrainConfig& config, const Dataset& data, int world) {
+  check(config, data, world);
   if (config.load) {
     try {
       return load_checkpoint(*config.load);
@@ -50,10 +78,11 @@ Checkpoint starting_point(const TrainConfig& config, const Dataset& data) {
 }
 
 std::vector<std::unique_ptr<Communicator>> communicators(Backend& backend,
-                                                         const std::vector<std::unique_ptr<Device>>& devices) {
+                                                         const std::vector<std::unique_ptr<Device>>& devices,
+                                                         const Place& place) {
   std::vector<Device*> raw;
   for (const auto& d : devices) raw.push_back(d.get());
-  return backend.make_communicators(raw);
+  return backend.make_communicators(raw, place);
 }
 
 // How long a released rank may take to return before the process gives up on it.
@@ -71,7 +100,7 @@ std::uint64_t peak_rss_bytes() {
   return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-// Whether the test-only NaN injection is at `rank`'s step `step`.
+// Whether the test-only NaN injection is at world rank `rank`'s step `step`.
 bool nan_at(const TrainConfig& config, int rank, std::uint64_t step) {
   const std::optional<NanInjection>& nan = TrainerTesting::hooks(config).nan;
   return nan && nan->rank == rank && nan->step == step;
@@ -93,28 +122,34 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
     : backend(backend),
       data(data),
       config(config),
-      start(starting_point(config, data)),
+      place(place_of(config)),
+      start(starting_point(config, data, place.world)),
       devices(backend.make_devices(config.devices)),
-      comms(communicators(backend, devices)),
-      loaders(data, static_cast<std::uint32_t>(devices.size()), config.batch, start.seed),
-      progress(config.progress, std::uint64_t{config.batch} * devices.size()),
+      comms(communicators(backend, devices, place)),
+      loaders(data, static_cast<std::uint32_t>(place.world), config.batch, start.seed,
+              static_cast<std::uint32_t>(place.first_rank), static_cast<std::uint32_t>(devices.size())),
+      progress(config.progress, std::uint64_t{config.batch} * static_cast<std::uint64_t>(place.world)),
       saver_(config.keep),
       started_(devices.size(), 0) {
-  if (config.metrics) metrics_.emplace(*config.metrics);
-  if (config.trace) trace.emplace(*config.trace, start.step, config.trace_steps);
+  // World rank 0's process writes the files.
+  if (config.metrics && place.process() == 0) metrics_.emplace(*config.metrics);
+  if (config.trace && place.process() == 0) trace.emplace(*config.trace, start.step, config.trace_steps);
   Watchdog::Hooks hooks;
   hooks.on_stall = [this](int rank, std::uint64_t step, Phase phase, double seconds) {
+    // A rank held up by another process: the processes it still waits for.
+    const std::string peers = place.processes ? place.processes->waiting_for() : std::string();
     fail(rank, step,
-         std::make_exception_ptr(RuntimeFailure("stalled in phase " + std::string(phase_name(phase)) +
-                                                ": no progress for " + seconds_text(seconds) + " s (timeout " +
-                                                seconds_text(this->config.timeout_s) + " s)")));
+         std::make_exception_ptr(RuntimeFailure(
+             "stalled in phase " + std::string(phase_name(phase)) + ": no progress for " + seconds_text(seconds) +
+             " s (timeout " + seconds_text(this->config.timeout_s) + " s)" +
+             (peers.empty() ? "" : "; nothing from " + peers))));
   };
   hooks.tick = [this] { return watch_tick(); };
   hooks.on_hung = [this] { exit_hung(); };
-  watchdog_ = std::make_unique<Watchdog>(world(), config.timeout_s, kGrace, std::move(hooks));
+  watchdog_ = std::make_unique<Watchdog>(ranks(), config.timeout_s, kGrace, std::move(hooks));
 }
 
-// A second signal: every rank released now.
+// A second signal (across processes the first, StopRequest): every rank released now.
 bool Run::watch_tick() {
   if (config.stop == nullptr || config.stop->abort_signal() == 0) return false;
   const int signal = config.stop->abort_signal();
@@ -136,6 +171,7 @@ void Run::exit_hung() const {
     std::fprintf(stderr, "mnist_mt: error: %s\n", e.what());
   }
   std::fflush(stdout);
+  if (place.processes) place.processes->abort(code);  // the other processes too
   std::_Exit(code);
 }
 
@@ -143,7 +179,7 @@ bool Run::failed() const { return failed_.load(); }
 
 void Run::inject_stall(int rank, std::uint64_t step, StallPhase phase) const {
   const std::optional<StallInjection>& stall = TrainerTesting::hooks(config).stall;
-  if (!stall || stall->rank != rank || stall->step != step || stall->phase != phase) return;
+  if (!stall || stall->rank != global(rank) || stall->step != step || stall->phase != phase) return;
   // Stuck compute never returns; a missing peer or a stopped loader is released by the abort.
   while (phase == StallPhase::kCompute || !failed()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
@@ -167,27 +203,27 @@ std::vector<std::uint32_t> Run::batch_sizes(int rank) const {
   const ShardPlan test{data.test.size(), static_cast<std::uint32_t>(world()), config.batch, false};
   if (test.steps() == 0) return sizes;
   std::vector<std::uint32_t> positions(config.batch);
-  const std::uint32_t last = test.shard(static_cast<std::uint32_t>(rank), test.steps() - 1, positions);
+  const std::uint32_t last = test.shard(static_cast<std::uint32_t>(global(rank)), test.steps() - 1, positions);
   if (last != 0 && last != config.batch) sizes.push_back(last);
   return sizes;
 }
 
 void Run::await_peers() {
   std::unique_lock lock(failures_mutex_);
-  if (++ready_ == world()) peers_cv_.notify_all();
-  peers_cv_.wait(lock, [&] { return ready_ >= world() || !failures_.empty(); });
-  if (ready_ < world()) throw Aborted("a peer failed while it set up");
+  if (++ready_ == ranks()) peers_cv_.notify_all();
+  peers_cv_.wait(lock, [&] { return ready_ >= ranks() || !failures_.empty(); });
+  if (ready_ < ranks()) throw Aborted("a peer failed while it set up");
 }
 
 void Run::inject_fault(int rank, std::uint64_t step) const {
   const std::optional<FaultInjection>& fault = TrainerTesting::hooks(config).fault;
-  if (fault && fault->rank == rank && fault->step == step) {
+  if (fault && fault->rank == global(rank) && fault->step == step) {
     throw RuntimeFailure("injected fault");
   }
 }
 
 void Run::inject_nan(int rank, std::uint64_t step, Replica& replica) {
-  if (!nan_at(config, rank, step)) return;
+  if (!nan_at(config, global(rank), step)) return;
   nan_clean_.resize(kParamCount);
   replica.read_params(nan_clean_);
   std::vector<float> poisoned = nan_clean_;
@@ -198,7 +234,7 @@ void Run::inject_nan(int rank, std::uint64_t step, Replica& replica) {
 }
 
 void Run::undo_nan(int rank, std::uint64_t step, Replica& replica) {
-  if (nan_at(config, rank, step)) replica.write_params(nan_clean_);
+  if (nan_at(config, global(rank), step)) replica.write_params(nan_clean_);
 }
 
 void Run::check_loss(double loss_sum) const {
@@ -225,18 +261,18 @@ bool Run::apply_update(int rank, double loss_sum, double grad_norm) const {
   return false;
 }
 
-void Run::on_non_finite(int rank, Communicator& comm, const NonFiniteStep& step) {
+void Run::on_non_finite(Communicator& comm, const NonFiniteStep& step) {
   if (std::isfinite(step.grad_norm)) {
     throw StepFailure(step.step, "non-finite training loss " + std::to_string(step.loss_sum) +
                                      " with finite gradients: the step cannot be skipped on every rank alike");
   }
   if (config.on_nan == NanPolicy::kSkip) return;
   std::vector<double> bad(comm.size(), 0.0);
-  bad[rank] = std::isfinite(step.loss_sum) ? 0.0 : 1.0;
+  bad[static_cast<std::size_t>(comm.rank())] = std::isfinite(step.loss_sum) ? 0.0 : 1.0;
   comm.allreduce_host(bad);
   const int first_bad = static_cast<int>(std::find(bad.begin(), bad.end(), 1.0) - bad.begin());
-  if (first_bad == rank) throw StepFailure(step.step, "non-finite training loss " + std::to_string(step.loss_sum));
-  if (first_bad == comm.size() && rank == 0) {
+  if (first_bad == comm.rank()) throw StepFailure(step.step, "non-finite training loss " + std::to_string(step.loss_sum));
+  if (first_bad == comm.size() && comm.rank() == 0) {
     throw StepFailure(step.step, "non-finite gradient norm " + std::to_string(step.grad_norm) +
                                      " (the ranks' gradients reduced)");
   }
@@ -325,7 +361,9 @@ void Run::rethrow_failure() const {
       std::find_if(failures_.begin(), failures_.end(), [](const Failure& f) { return !is_aborted(f.error); });
   const Failure& f = root != failures_.end() ? *root : failures_.front();
   const auto where = [&](std::uint64_t step) {
-    return "rank " + std::to_string(f.rank) + " failed at step " + std::to_string(step) + ": ";
+    std::string rank = std::to_string(f.rank < 0 ? f.rank : global(f.rank));
+    if (place.processes) rank += " (host " + place.processes->host(place.process()) + ")";
+    return "rank " + rank + " failed at step " + std::to_string(step) + ": ";
   };
   try {
     std::rethrow_exception(f.error);

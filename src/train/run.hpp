@@ -47,7 +47,11 @@ class Run {
   // devices and communicators.
   Run(Backend& backend, const Dataset& data, const TrainConfig& config);
 
-  int world() const { return static_cast<int>(devices.size()); }
+  // This process's ranks, and the world's (every process's).
+  int ranks() const { return static_cast<int>(devices.size()); }
+  int world() const { return place.world; }
+  // The world rank of this process's rank `rank`.
+  int global(int rank) const { return place.first_rank + rank; }
   std::uint32_t last_epoch() const { return config.epochs; }
   std::uint32_t steps_in_epoch(std::uint32_t loader_steps) const;
   // Every batch size `rank` will meet: the training batch and the last, smaller
@@ -78,7 +82,7 @@ class Run {
   // stats; every rank reads a dropped norm at the same step. Throws what ends the run,
   // if it ends: with --on-nan stop the ranks agree (through `comm`) on one report, the
   // lowest rank whose own loss was non-finite, else rank 0 for the norm.
-  void on_non_finite(int rank, Communicator& comm, const NonFiniteStep& step);
+  void on_non_finite(Communicator& comm, const NonFiniteStep& step);
   // The guard of a DDP worker's updates: its replica is made for the run, so its first
   // guarded update is the run's first step.
   UpdateGuard update_guard(Communicator& comm) const;
@@ -101,16 +105,18 @@ class Run {
   // Rank 0 after a stop request: saves where the run stands and records it.
   void end_interrupted(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step);
 
-  // Any thread: records a failure and releases every peer (aborts the communicators,
-  // cancels the loaders).
+  // Any thread: records a failure of this process's rank `rank` (-1: of none) and
+  // releases every peer (aborts the communicators, cancels the loaders).
   void fail(int rank, std::uint64_t step, std::exception_ptr error);
   // Main thread, after the workers joined: throws the first failure that is not Aborted
-  // as "rank R failed at step S: why".
+  // as "rank R failed at step S: why" (R the world rank; "rank R (host H)" across
+  // processes).
   void rethrow_failure() const;
 
   Backend& backend;
   const Dataset& data;
   const TrainConfig& config;
+  const Place place;  // this process's ranks in the world
   Checkpoint start;  // parameters, momentum and loop state to start from
   std::vector<std::unique_ptr<Device>> devices;
   std::vector<std::unique_ptr<Communicator>> comms;

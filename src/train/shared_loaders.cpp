@@ -5,6 +5,8 @@ namespace mnist_mt {
 LoaderOptions SharedLoaders::options(std::uint32_t epoch, bool train) const {
   LoaderOptions o;
   o.world = world_;
+  o.first_rank = first_rank_;
+  o.ranks = ranks_;
   o.batch = batch_;
   o.train = train;
   o.seed = seed_;
@@ -36,7 +38,7 @@ void SharedLoaders::release(std::pair<std::uint32_t, bool> key) noexcept {
   {
     std::lock_guard lock(mutex_);
     const auto it = entries_.find(key);
-    if (++it->second.released < world_) return;
+    if (++it->second.released < ranks_) return;
     last = std::move(it->second.loader);
     entries_.erase(it);
   }

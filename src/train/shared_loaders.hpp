@@ -33,8 +33,10 @@ class SharedLoaders {
     Loader* loader_;
   };
 
-  SharedLoaders(const Dataset& data, std::uint32_t world, std::uint32_t batch, std::uint64_t seed)
-      : data_(data), world_(world), batch_(batch), seed_(seed) {}
+  // `ranks` of this process, world ranks first_rank.. of `world`.
+  SharedLoaders(const Dataset& data, std::uint32_t world, std::uint32_t batch, std::uint64_t seed,
+                std::uint32_t first_rank, std::uint32_t ranks)
+      : data_(data), world_(world), batch_(batch), seed_(seed), first_rank_(first_rank), ranks_(ranks) {}
 
   Lease acquire(std::uint32_t epoch, bool train);
   // What the loader of (epoch, split) is made with.
@@ -53,6 +55,8 @@ class SharedLoaders {
   const std::uint32_t world_;
   const std::uint32_t batch_;
   const std::uint64_t seed_;
+  const std::uint32_t first_rank_;
+  const std::uint32_t ranks_;
   std::mutex mutex_;
   std::map<std::pair<std::uint32_t, bool>, Entry> entries_;
   bool cancelled_ = false;

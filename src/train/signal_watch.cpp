@@ -42,7 +42,12 @@ SignalWatch::SignalWatch(StopRequest& stop)
         while (!token.stop_requested()) {
           const int signal = sigtimedwait(&set, nullptr, &poll);
           if (signal < 0) continue;
-          if (first) {
+          if (first && stop.aborts_at_first_signal()) {
+            std::fprintf(stderr, "mnist_mt: %s: aborting every process (a run of several stops without a checkpoint)\n",
+                         signal_name(signal));
+            stop.abort(signal);
+            first = false;
+          } else if (first) {
             std::fprintf(stderr, "mnist_mt: %s: stopping after the step in flight to save a checkpoint; again to abort\n",
                          signal_name(signal));
             stop.stop(signal);

@@ -8,8 +8,8 @@
 
 namespace mnist_mt {
 
-StepGraphs::StepGraphs(Device& device, Communicator& comm, int rank)
-    : device_(device), comm_(comm), rank_(rank), enabled_(device.can_record()) {}
+StepGraphs::StepGraphs(Device& device, Communicator& comm)
+    : device_(device), comm_(comm), enabled_(device.can_record()) {}
 
 void StepGraphs::run(const Key& key, StepTimer& timer, const std::function<void()>& enqueue) {
   if (!enabled_) {
@@ -35,14 +35,14 @@ void StepGraphs::run(const Key& key, StepTimer& timer, const std::function<void(
   timer.drop_marks_after(marked);  // the recording's marks are never passed
 
   std::vector<double> failed(static_cast<std::size_t>(comm_.size()), 0.0);
-  failed[static_cast<std::size_t>(rank_)] = graph ? 0.0 : 1.0;
+  failed[static_cast<std::size_t>(comm_.rank())] = graph ? 0.0 : 1.0;
   device_.comm_wait_compute();  // after every collective the steps before have launched
   comm_.allreduce_host(failed);
   const auto first_failed = std::find(failed.begin(), failed.end(), 1.0);
   if (first_failed != failed.end()) {
     enabled_ = false;
     graphs_.clear();
-    if (first_failed - failed.begin() == rank_)
+    if (first_failed - failed.begin() == comm_.rank())
       std::cerr << "mnist_mt: warning: " << device_.name()
                 << ": CUDA graphs off, every rank runs its steps as they are enqueued: " << why << "\n";
     enqueue();

@@ -35,7 +35,7 @@ class StepGraphs {
   };
 
   // Records only where `device` can (not on CPU devices, nor with --no-cuda-graphs).
-  StepGraphs(Device& device, Communicator& comm, int rank);
+  StepGraphs(Device& device, Communicator& comm);
 
   // Runs one step: `enqueue` (its work after the input copy, marking `timer` as it goes)
   // enqueued as it is, or recorded under `key` the first time and replayed since. The
@@ -49,7 +49,6 @@ class StepGraphs {
 
   Device& device_;
   Communicator& comm_;
-  const int rank_;
   bool enabled_;
   std::vector<std::pair<Key, std::unique_ptr<RecordedStep>>> graphs_;
   std::array<TimeMark, StepTimer::kMaxMarks> marks_{};

@@ -1,0 +1,51 @@
+#pragma once
+// The processes of a run launched by MPI (`mpirun`, `srun`), each with its own devices as
+// ranks (DESIGN.md decision 13): the world is every rank of every process, numbered
+// process-major. Without a launcher there is one process and no Processes object.
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace mnist_mt {
+
+class Processes {
+ public:
+  virtual ~Processes() = default;
+  virtual int index() const = 0;  // this process, 0..count()-1 (its MPI rank)
+  virtual int count() const = 0;
+  virtual const std::string& host(int process) const = 0;
+
+  // One thread of each process at a time, every process the same calls in the same
+  // order. Blocks until done; polls `stop` meanwhile and throws Aborted once it is true.
+  // allgather: every process's `bytes` bytes of `mine`, in process order, into `all`
+  // (count() * bytes; `mine` may be this process's place in it).
+  virtual void allgather(const void* mine, void* all, std::size_t bytes, const std::function<bool()>& stop) = 0;
+  // root's `bytes` bytes of `data` into every process's `data`.
+  virtual void broadcast(void* data, std::size_t bytes, int root, const std::function<bool()>& stop) = 0;
+
+  // Any thread: the processes that an allgather or broadcast under way still waits for,
+  // as "process P (host H)"; empty when none is under way or none is missing.
+  virtual std::string waiting_for() const = 0;
+
+  // Ends every process of the launch (MPI_Abort) with exit code `code`.
+  [[noreturn]] virtual void abort(int code) = 0;
+};
+
+// The launch this process is part of: null without a launcher, or under one that started
+// just this process. Initialises MPI (MPI_THREAD_MULTIPLE) only then; the object's
+// destructor finalises it. Throws InputError when the build has no MPI and a launcher
+// started several processes, or when MPI lacks MPI_THREAD_MULTIPLE.
+std::shared_ptr<Processes> join_launch(int& argc, char**& argv);
+bool mpi_built();
+
+// Where this process's ranks are in the world.
+struct Place {
+  std::shared_ptr<Processes> processes;  // null: one process
+  int first_rank = 0;                    // the world rank of this process's rank 0
+  int world = 0;                         // ranks in all; 0: this process's ranks
+  int process() const { return processes ? processes->index() : 0; }
+  int process_count() const { return processes ? processes->count() : 1; }
+};
+
+}  // namespace mnist_mt

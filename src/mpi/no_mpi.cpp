@@ -1,0 +1,22 @@
+// A build without MPI: one process, and a clear refusal of a launch of several.
+#include <string>
+
+#include "launch.hpp"
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/processes.hpp"
+
+namespace mnist_mt {
+
+bool mpi_built() { return false; }
+
+std::shared_ptr<Processes> join_launch(int&, char**&) {
+  const int processes = launcher_processes();
+  if (processes > 1) {
+    throw InputError("started as one of " + std::to_string(processes) +
+                     " processes by mpirun/srun, but this build has no MPI: install an MPI "
+                     "(scripts/setup.sh: Open MPI) and rebuild with meson -Dmpi=enabled");
+  }
+  return nullptr;
+}
+
+}  // namespace mnist_mt
