@@ -4,7 +4,7 @@
 # Usage: scripts/setup.sh [extra Debian packages...]
 set -euo pipefail
 
-packages=(g++ meson ninja-build pkg-config cmake python3
+packages=(g++ meson ninja-build pkg-config cmake python3 libopenmpi-dev openmpi-bin
           libtbb-dev libdnnl-dev libgtest-dev libbenchmark-dev libcli11-dev
           nlohmann-json3-dev zlib1g-dev libcurl4-openssl-dev libssl-dev libpng-dev libstb-dev
           python3-matplotlib dataset-fashion-mnist clang

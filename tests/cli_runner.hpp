@@ -60,17 +60,22 @@ struct Process {
   fs::path out, err;
 };
 
-// Starts mnist_mt with `args` and the extra environment entries "NAME=VALUE";
-// `file_limit` (bytes, 0: none) stands in for a full disk.
-inline Process spawn(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
-                     rlim_t file_limit = 0) {
+inline std::string exe_path() {
   const char* exe = std::getenv("MNIST_MT_EXE");
   if (exe == nullptr) throw std::runtime_error("MNIST_MT_EXE is not set");
+  return exe;
+}
+
+// Starts `command` (a program and its arguments; the program by path or on PATH) with
+// the extra environment entries "NAME=VALUE"; `file_limit` (bytes, 0: none) stands in
+// for a full disk.
+inline Process spawn_command(const std::vector<std::string>& command, const std::vector<std::string>& env = {},
+                             rlim_t file_limit = 0) {
   static int runs = 0;
   const std::string n = std::to_string(runs++);
   Process p{-1, scratch_dir() / ("stdout" + n), scratch_dir() / ("stderr" + n)};
-  std::vector<char*> argv{const_cast<char*>(exe)};
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  std::vector<char*> argv;
+  for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   p.pid = fork();
   if (p.pid == 0) {
@@ -87,10 +92,18 @@ inline Process spawn(const std::vector<std::string>& args, const std::vector<std
       const rlimit limit{file_limit, file_limit};
       setrlimit(RLIMIT_FSIZE, &limit);
     }
-    execv(exe, argv.data());
+    execvp(argv[0], argv.data());
     _exit(127);
   }
   return p;
+}
+
+// Starts mnist_mt with `args`, as spawn_command.
+inline Process spawn(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+                     rlim_t file_limit = 0) {
+  std::vector<std::string> command{exe_path()};
+  command.insert(command.end(), args.begin(), args.end());
+  return spawn_command(command, env, file_limit);
 }
 
 // Waits for the process, killing it at the deadline.

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace mnist_mt {
 
@@ -25,8 +26,8 @@ class Processes {
   virtual void broadcast(void* data, std::size_t bytes, int root, const std::function<bool()>& stop) = 0;
 
   // Any thread: the processes that an allgather or broadcast under way still waits for,
-  // as "process P (host H)"; empty when none is under way or none is missing.
-  virtual std::string waiting_for() const = 0;
+  // in order; empty when none is under way or none is missing.
+  virtual std::vector<int> waiting_for() const = 0;
 
   // Ends every process of the launch (MPI_Abort) with exit code `code`.
   [[noreturn]] virtual void abort(int code) = 0;

@@ -93,14 +93,9 @@ class MpiProcesses final : public Processes {
     t.finish(stop);
   }
 
-  std::string waiting_for() const override {
+  std::vector<int> waiting_for() const override {
     const std::lock_guard lock(waiting_mutex_);
-    std::string text;
-    for (const int p : waiting_) {
-      text += (text.empty() ? "" : ", ") + std::string("process ") + std::to_string(p) + " (host " +
-              hosts_[static_cast<std::size_t>(p)] + ")";
-    }
-    return text;
+    return waiting_;
   }
 
   [[noreturn]] void abort(int code) override {

@@ -54,9 +54,11 @@ void check_train_config(const TrainConfig& config) {
   if (config.trace && config.mode != Mode::kDdp) throw InputError("a trace is recorded in ddp mode only", "trace");
   if (config.trace && config.trace_steps == 0) throw InputError("tracing 0 steps: must be at least 1", "trace_steps");
   const TrainHooks& hooks = TrainerTesting::hooks(config);
-  if (hooks.fault) check_rank("injected fault", hooks.fault->rank, config.devices.size(), "fault");
-  if (hooks.stall) check_rank("injected stall", hooks.stall->rank, config.devices.size(), "stall");
-  if (hooks.nan) check_rank("injected NaN", hooks.nan->rank, config.devices.size(), "nan");
+  // World ranks: every process runs as many ranks (checked when the run starts).
+  const std::size_t world = config.devices.size() * static_cast<std::size_t>(config.processes ? config.processes->count() : 1);
+  if (hooks.fault) check_rank("injected fault", hooks.fault->rank, world, "fault");
+  if (hooks.stall) check_rank("injected stall", hooks.stall->rank, world, "stall");
+  if (hooks.nan) check_rank("injected NaN", hooks.nan->rank, world, "nan");
   // An unwritable output is found now, not after the first epoch.
   if (config.save) check_output_path(*config.save, "checkpoint", "save");
   if (config.metrics) check_output_path(*config.metrics, "metrics file", "metrics");

@@ -140,6 +140,7 @@ class Run {
             const std::filesystem::path& path);
   bool failed() const;
   bool watch_tick();
+  std::string missing_processes() const;
   [[noreturn]] void exit_hung() const;
 
   std::optional<MetricsFile> metrics_;
