@@ -1,9 +1,13 @@
 // Allreduce bandwidth of each backend's communicator with nccl-tests' counters
 // (algbw = bytes/time, busbw = algbw * 2(W-1)/W), and a single-thread memcpy of the
-// same sizes: the bound the in-process CPU communicator is held to.
+// same sizes: the bound the in-process CPU communicator is held to. Under mpirun it
+// measures the CPU allreduce between the launch's processes instead, one rank each
+// (allreduce/cpu/processes:P/...), with a fixed number of iterations that every process
+// runs; world rank 0's process reports.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -16,6 +20,7 @@
 #include "mnist_mt/backend.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
+#include "mnist_mt/processes.hpp"
 
 #ifdef MNIST_MT_BENCH_CUDA
 #include <cuda_runtime_api.h>
@@ -80,13 +85,14 @@ class Buffer {
 // Rank 0 runs the timed loop on the benchmark's thread; ranks 1..W-1 run the same
 // number of allreduces on threads of their own, kept in step by the collective itself.
 // Each rank enqueues the allreduce on its comm stream and waits for its device.
-void bench_allreduce(benchmark::State& state, Backend& backend, int world, std::size_t bytes) {
+// `world`: this process's ranks; with `place`'s processes, each runs as many.
+void bench_allreduce(benchmark::State& state, Backend& backend, int world, std::size_t bytes, const Place& place = {}) {
   std::vector<int> ids(world);
   std::iota(ids.begin(), ids.end(), 0);
   auto devices = backend.make_devices(ids);
   std::vector<Device*> raw;
   for (auto& d : devices) raw.push_back(d.get());
-  auto comms = backend.make_communicators(raw);
+  auto comms = backend.make_communicators(raw, place);
   const bool cuda = backend.name() == "cuda";
   const std::size_t count = bytes / sizeof(float);
 
@@ -134,9 +140,31 @@ void bench_allreduce(benchmark::State& state, Backend& backend, int world, std::
     return;
   }
   const double b = static_cast<double>(count * sizeof(float));
+  const double all = comms[0]->size();  // the world's ranks
   state.counters["algbw"] = benchmark::Counter(b, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["busbw"] = benchmark::Counter(b * 2.0 * (world - 1) / world, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["busbw"] = benchmark::Counter(b * 2.0 * (all - 1) / all, benchmark::Counter::kIsIterationInvariantRate);
 }
+
+// The processes of an MPI launch, one CPU rank each. Google Benchmark picks iteration
+// counts on its own per process; every process must run the same allreduces, so here
+// they are fixed: about 256 MiB moved per size, at least 20 rounds.
+void register_processes(Backend& backend, const Place& place) {
+  for (const Size& s : sizes()) {
+    const auto rounds = static_cast<benchmark::IterationCount>(std::max<std::size_t>(20, (256u << 20) / s.bytes));
+    const std::string name =
+        "allreduce/cpu/processes:" + std::to_string(place.process_count()) + "/ranks:1/" + s.label;
+    benchmark::RegisterBenchmark(name.c_str(), [&backend, &place, bytes = s.bytes](benchmark::State& st) {
+      bench_allreduce(st, backend, 1, bytes, place);
+    })->UseRealTime()->Iterations(std::min<benchmark::IterationCount>(rounds, 20000));
+  }
+}
+
+// The other processes' results go nowhere.
+class Silent : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
 
 void bench_memcpy(benchmark::State& state, std::size_t bytes) {
   std::vector<char> src(bytes, 1), dst(bytes, 0);
@@ -163,8 +191,28 @@ void register_allreduce(Backend& backend, int max_world) {
 
 int main(int argc, char** argv) {
   using namespace mnist_mt;
+  std::shared_ptr<Processes> processes;
+  try {
+    processes = join_launch(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_allreduce: %s\n", e.what());
+    return 2;
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (processes) {
+    const Place place{processes, processes->index(), processes->count()};
+    std::unique_ptr<Backend> cpu = make_cpu_backend({});
+    register_processes(*cpu, place);
+    Silent silent;
+    if (processes->index() == 0) {
+      benchmark::RunSpecifiedBenchmarks();
+    } else {
+      benchmark::RunSpecifiedBenchmarks(&silent);
+    }
+    benchmark::Shutdown();
+    return 0;
+  }
 
   for (const Size& s : sizes()) {
     benchmark::RegisterBenchmark(("memcpy/1thread/" + s.label).c_str(),

@@ -5,9 +5,13 @@ ratio to the first, its exposed communication, and its milliseconds per step in 
 
     bench/side_by_side.py --data DIR --modes ddp,dp                 # ddp against dp
     bench/side_by_side.py --data DIR --builds base=OLD/build,now=build   # a build against another
-    [--ranks 2] [--batches 4,64] [--reps 3] [--isa native,avx2]
+    bench/side_by_side.py --data DIR --layouts threads,processes    # 1 process x N ranks against N x 1
+    [--ranks 2] [--batches 4,64] [--reps 3] [--isa native,avx2] [--btl self,tcp]
 
-A variant is a (build, mode) pair; with several builds and modes, every pair runs. Batch 4
+A variant is a (build, mode, layout) triple; with several of each, every triple runs. The
+processes layout runs `--ranks` processes of one rank each under Open MPI's mpirun, over
+--btl on the loopback interface, and adds the gradient allreduce's busbw measured both
+ways by bench_allreduce (in the same interleaved rounds). Batch 4
 runs 3000 steps, larger batches 300, in one epoch; the evaluation after it is not part of
 images/s. Exposed communication is the compute stream's wait for the comm stream before
 the update (`comm_wait`), as a share of the epoch's time.
@@ -51,23 +55,56 @@ def named_builds(text):
     return builds
 
 
-def run(binary, args, mode, batch, isa):
-    steps = 3000 if batch <= 4 else 300
+def mpirun(args, processes):
+    """Open MPI's mpirun over args.btl on 127.0.0.1 (the CI's setting)."""
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return (["mpirun"] + root + ["--oversubscribe", "--bind-to", "none", "--mca", "btl", args.btl,
+                                 "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo",
+                                 "-np", str(processes)])
+
+
+def isa_env(isa):
     env = dict(os.environ)
     env.pop("ONEDNN_MAX_CPU_ISA", None)
     if isa == "avx2":
         env["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+    return env
+
+
+def run(binary, args, mode, layout, batch, isa):
+    steps = 3000 if batch <= 4 else 300
+    env = isa_env(isa)
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
-        command = [str(binary), "--cpu", str(args.ranks), "--mode", mode, "--batch-size", str(batch),
-                   "--max-steps", str(steps), "--epochs", "1", "--data", args.data, "--metrics", str(metrics)]
+        launch, ranks = ([], args.ranks) if layout == "threads" else (mpirun(args, args.ranks), 1)
+        command = launch + [str(binary), "--cpu", str(ranks), "--mode", mode, "--batch-size", str(batch),
+                            "--max-steps", str(steps), "--epochs", "1", "--data", args.data, "--metrics", str(metrics)]
         done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if done.returncode != 0:
             sys.exit(f"side_by_side.py: {shlex.join(command)} exited {done.returncode}: {done.stderr.strip()}")
         epoch = json.loads(metrics.read_text().splitlines()[0])
     prefix = "ONEDNN_MAX_CPU_ISA=AVX2 " if isa == "avx2" else ""
-    shown = [os.path.relpath(binary, Path.cwd())] + command[1:-2] + ["--metrics", "FILE"]
+    shown = launch + [os.path.relpath(binary, Path.cwd())] + command[len(launch) + 1:-2] + ["--metrics", "FILE"]
     return epoch, prefix + shlex.join(shown)
+
+
+def busbw(binary, args, layout):
+    """The gradient allreduce's busbw (GB/s) among args.ranks ranks: threads of one process
+    or one rank per process."""
+    bench = binary.parent / "bench" / "bench_allreduce"
+    if layout == "threads":
+        command = [str(bench), f"--benchmark_filter=^allreduce/cpu/ranks:{args.ranks}/gradient"]
+    else:
+        command = mpirun(args, args.ranks) + [str(bench), "--benchmark_filter=gradient"]
+    done = subprocess.run(command + ["--benchmark_format=json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+    if done.returncode != 0:
+        sys.exit(f"side_by_side.py: {shlex.join(command)} exited {done.returncode}: {done.stderr.strip()}")
+    rows = json.loads(done.stdout)["benchmarks"]
+    if len(rows) != 1:
+        sys.exit(f"side_by_side.py: {shlex.join(command)} gave {len(rows)} results, not 1")
+    return rows[0]["busbw"] / 1e9, shlex.join([os.path.relpath(c, Path.cwd()) if c == str(bench) else c
+                                               for c in command])
 
 
 def main():
@@ -80,26 +117,41 @@ def main():
     parser.add_argument("--batches", default="4,64")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--isa", default="native,avx2")
+    parser.add_argument("--layouts", default="threads", help="threads, processes or threads,processes")
+    parser.add_argument("--btl", default="self,tcp", help="Open MPI's transports for the processes layout")
     args = parser.parse_args()
     builds = args.builds or named_builds(f"now={ROOT / 'build'}")
     modes = args.modes.split(",")
     if any(m not in ("ddp", "dp") for m in modes):
         sys.exit(f"side_by_side.py: --modes: {args.modes!r} is not a list of ddp and dp")
-    def label(name, mode):  # what tells the variants apart
-        return " ".join(([name] if len(builds) > 1 else []) + ([mode] if len(modes) > 1 or len(builds) == 1 else []))
+    layouts = args.layouts.split(",")
+    if any(l not in ("threads", "processes") for l in layouts):
+        sys.exit(f"side_by_side.py: --layouts: {args.layouts!r} is not a list of threads and processes")
+    def label(name, mode, layout):  # what tells the variants apart
+        return " ".join(([name] if len(builds) > 1 else []) +
+                        ([mode] if len(modes) > 1 or (len(builds) == 1 and len(layouts) == 1) else []) +
+                        ([f"1 process x {args.ranks}" if layout == "threads" else f"{args.ranks} processes x 1"]
+                         if len(layouts) > 1 else []))
 
-    variants = [(label(name, mode), binary, mode) for name, binary in builds for mode in modes]
+    variants = [(label(name, mode, layout), binary, mode, layout)
+                for name, binary in builds for mode in modes for layout in layouts]
     batches = [int(b) for b in args.batches.split(",")]
     isas = args.isa.split(",")
-    runs, commands = {}, []
+    runs, commands, bandwidth = {}, [], {}
     for _ in range(args.reps):  # interleaved, so drift on a shared machine hits every variant
         for isa in isas:
             for batch in batches:
-                for label, binary, mode in variants:
-                    epoch, command = run(binary, args, mode, batch, isa)
+                for label, binary, mode, layout in variants:
+                    epoch, command = run(binary, args, mode, layout, batch, isa)
                     runs.setdefault((isa, batch, label), []).append(epoch)
                     if command not in commands:
                         commands.append(command)
+        if len(layouts) > 1:
+            for label, binary, mode, layout in variants:
+                gbps, command = busbw(binary, args, layout)
+                bandwidth.setdefault(label, []).append(gbps)
+                if command not in commands:
+                    commands.append(command)
 
     def median(isa, batch, label, pick):
         return statistics.median(pick(e) for e in runs[(isa, batch, label)])
@@ -111,7 +163,7 @@ def main():
     for isa in isas:
         for batch in batches:
             base = median(isa, batch, first, lambda e: e["images_per_s"])
-            for label, _, _ in variants:
+            for label, _, _, _ in variants:
                 speed = median(isa, batch, label, lambda e: e["images_per_s"])
                 comm = median(isa, batch, label, lambda e: 100 * e["phase_seconds"]["comm_wait"] / e["seconds"])
                 phases = "; ".join(
@@ -119,6 +171,10 @@ def main():
                     for p in PHASES)
                 lines.append(f"| {isa} | {batch} | {label} | {speed:,.1f} | {speed / base:.3f}× | {comm:.1f}% | "
                              f"{phases} |")
+    if bandwidth:
+        lines += ["", f"Gradient allreduce ({args.ranks} ranks, bench_allreduce, medians; Open MPI btl {args.btl}):", "",
+                  "| variant | busbw (GB/s) |", "|---|---:|"]
+        lines += [f"| {label} | {statistics.median(values):.3f} |" for label, values in bandwidth.items()]
     lines += ["", f"Machine: {cpu_model()}, {os.cpu_count()} cores usable. Date: {datetime.date.today().isoformat()}.",
               "", f"Command: `{shlex.join(['bench/side_by_side.py'] + sys.argv[1:])}`, which ran:", ""]
     lines += [f"- `{c}`" for c in commands]
