@@ -1,0 +1,250 @@
+// The CPU communicator across processes (HostGroup's hierarchical collectives), with the
+// processes played by groups of threads in this process: a Processes whose exchanges
+// meet in memory. Results bitwise as the design says (each process's rank-order sum,
+// then the processes' sums in process order), every rank of every process alike, and an
+// abort releasing a rank that waits for a process that never comes. tests/test_mpi.cpp
+// runs the same code between real processes under mpirun.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "cpu/communicator.hpp"
+#include "cpu/device.hpp"
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/processes.hpp"
+
+namespace mnist_mt::cpu {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Where the pretend processes' exchanges meet: one allgather at a time, in two phases
+// (every process deposits, then every process has copied) so that a slot is never
+// overwritten while a peer reads it.
+struct Meeting {
+  explicit Meeting(int processes) : slots(processes) {}
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::vector<std::vector<char>> slots;
+  int deposited = 0, copied = 0;
+  std::uint64_t round = 0;
+};
+
+class ThreadProcesses final : public Processes {
+ public:
+  ThreadProcesses(std::shared_ptr<Meeting> meeting, int index) : meeting_(std::move(meeting)), index_(index) {}
+  int index() const override { return index_; }
+  int count() const override { return static_cast<int>(meeting_->slots.size()); }
+  const std::string& host(int) const override { return host_; }
+
+  void allgather(const void* mine, void* all, std::size_t bytes, const std::function<bool()>& stop) override {
+    Meeting& m = *meeting_;
+    std::unique_lock lock(m.mutex);
+    const auto p = static_cast<std::size_t>(index_);
+    m.slots[p].assign(static_cast<const char*>(mine), static_cast<const char*>(mine) + bytes);
+    const std::uint64_t round = m.round;
+    ++m.deposited;
+    m.cv.notify_all();
+    wait(lock, stop, [&] { return m.deposited == count() || m.round != round; });
+    for (int q = 0; q < count(); ++q)
+      std::memcpy(static_cast<char*>(all) + bytes * static_cast<std::size_t>(q), m.slots[static_cast<std::size_t>(q)].data(), bytes);
+    if (++m.copied == count()) {
+      m.deposited = m.copied = 0;
+      ++m.round;
+      m.cv.notify_all();
+    }
+    wait(lock, stop, [&] { return m.round != round; });
+  }
+
+  void broadcast(void* data, std::size_t bytes, int root, const std::function<bool()>& stop) override {
+    std::vector<char> all(bytes * static_cast<std::size_t>(count()));
+    allgather(data, all.data(), bytes, stop);
+    std::memcpy(data, all.data() + bytes * static_cast<std::size_t>(root), bytes);
+  }
+
+  std::vector<int> waiting_for() const override { return {}; }
+  [[noreturn]] void abort(int) override { std::abort(); }
+
+ private:
+  template <typename Ready>
+  void wait(std::unique_lock<std::mutex>& lock, const std::function<bool()>& stop, Ready ready) {
+    while (!ready()) {
+      if (stop()) throw Aborted("exchange released");
+      meeting_->cv.wait_for(lock, 1ms);
+    }
+  }
+
+  std::shared_ptr<Meeting> meeting_;
+  int index_;
+  std::string host_ = "localhost";
+};
+
+// P pretend processes of L CPU ranks each: world rank p*L + l is process p's rank l.
+struct World {
+  World(int processes, int ranks) : per(ranks) {
+    auto meeting = std::make_shared<Meeting>(processes);
+    for (int p = 0; p < processes; ++p) {
+      Place place{std::make_shared<ThreadProcesses>(meeting, p), p * ranks, processes * ranks};
+      std::vector<CpuDevice*> raw;
+      for (int l = 0; l < ranks; ++l) {
+        devices.push_back(std::make_unique<CpuDevice>(l));
+        raw.push_back(devices.back().get());
+      }
+      for (auto& c : make_communicators(raw, place)) comms.push_back(std::move(c));
+    }
+  }
+  ~World() {
+    for (auto& c : comms) c->abort();
+    for (auto& d : devices) {
+      try {
+        d->synchronize();
+      } catch (...) {
+      }
+    }
+  }
+  void synchronize() {
+    for (auto& d : devices) d->synchronize();
+  }
+  int size() const { return static_cast<int>(comms.size()); }
+  int per;
+  std::vector<std::unique_ptr<CpuDevice>> devices;  // world rank order
+  std::vector<std::unique_ptr<Communicator>> comms;
+};
+
+std::vector<std::vector<float>> random_buffers(int world, std::size_t count, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-12, 12);
+  std::vector<std::vector<float>> buffers(world, std::vector<float>(count));
+  for (auto& b : buffers) {
+    for (float& x : b) x = std::ldexp(mantissa(rng), exponent(rng));
+  }
+  return buffers;
+}
+
+// Each process's rank-order sum, then those sums in process order, / W for an average.
+std::vector<float> hierarchical_sum(const std::vector<std::vector<float>>& in, int per, bool average) {
+  std::vector<float> out(in[0].size(), 0.0f);
+  const int processes = static_cast<int>(in.size()) / per;
+  for (int p = 0; p < processes; ++p) {
+    std::vector<float> local = in[static_cast<std::size_t>(p * per)];
+    for (int l = 1; l < per; ++l) {
+      for (std::size_t i = 0; i < local.size(); ++i) local[i] += in[static_cast<std::size_t>(p * per + l)][i];
+    }
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = p == 0 ? local[i] : out[i] + local[i];
+  }
+  if (average) {
+    for (float& x : out) x /= static_cast<float>(in.size());
+  }
+  return out;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+TEST(Processes, RanksAreNumberedProcessMajor) {
+  World w(3, 2);
+  for (int r = 0; r < w.size(); ++r) {
+    EXPECT_EQ(w.comms[static_cast<std::size_t>(r)]->rank(), r);
+    EXPECT_EQ(w.comms[static_cast<std::size_t>(r)]->size(), 6);
+  }
+}
+
+TEST(Processes, AllreduceAddsEachProcesssSumInProcessOrderOnEveryRank) {
+  for (const auto [processes, per] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{2, 2}, std::pair{2, 3}}) {
+    for (const std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{100'003}}) {
+      for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+        SCOPED_TRACE(testing::Message() << processes << " x " << per << " count " << count << " op " << int(op));
+        World w(processes, per);
+        auto buffers = random_buffers(w.size(), count, 11 + static_cast<unsigned>(count));
+        const auto expected = hierarchical_sum(buffers, per, op == ReduceOp::kAverage);
+        // The data tells this order from the plain rank order where they differ.
+        if (per > 1 && count >= 1000)
+          ASSERT_FALSE(bitwise_equal(expected, hierarchical_sum(buffers, w.size(), op == ReduceOp::kAverage)));
+        for (int r = 0; r < w.size(); ++r)
+          w.comms[static_cast<std::size_t>(r)]->allreduce(buffers[static_cast<std::size_t>(r)].data(), count, op);
+        w.synchronize();
+        std::vector<double> squares;
+        for (int r = 0; r < w.size(); ++r) {
+          EXPECT_TRUE(bitwise_equal(buffers[static_cast<std::size_t>(r)], expected)) << "rank " << r;
+          squares.push_back(*w.comms[static_cast<std::size_t>(r)]->take_reduced_squares());
+        }
+        for (const double s : squares) EXPECT_EQ(s, squares[0]);  // the same bits everywhere
+        double direct = 0;
+        for (const float x : expected) direct += double{x} * x;
+        EXPECT_NEAR(squares[0], direct, 1e-9 * direct);
+      }
+    }
+  }
+}
+
+// One rank per process adds in the order one process with every rank does.
+TEST(Processes, OneRankPerProcessSumsAsOneProcessWithEveryRank) {
+  World w(3, 1);
+  auto buffers = random_buffers(3, 5000, 5);
+  std::vector<float> expected = buffers[0];
+  for (std::size_t s = 1; s < 3; ++s) {
+    for (std::size_t i = 0; i < expected.size(); ++i) expected[i] += buffers[s][i];
+  }
+  for (float& x : expected) x /= 3.0f;
+  for (int r = 0; r < 3; ++r) w.comms[static_cast<std::size_t>(r)]->allreduce(buffers[static_cast<std::size_t>(r)].data(), 5000, ReduceOp::kAverage);
+  w.synchronize();
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(bitwise_equal(buffers[static_cast<std::size_t>(r)], expected)) << r;
+}
+
+TEST(Processes, BroadcastFromWorldRankZeroReachesEveryProcess) {
+  World w(2, 2);
+  std::vector<std::vector<float>> buffers(4, std::vector<float>(3000, 0.0f));
+  for (std::size_t i = 0; i < 3000; ++i) buffers[0][i] = static_cast<float>(i) * 0.5f;
+  for (int r = 0; r < 4; ++r) w.comms[static_cast<std::size_t>(r)]->broadcast(buffers[static_cast<std::size_t>(r)].data(), 3000, 0);
+  w.synchronize();
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(buffers[static_cast<std::size_t>(r)], buffers[0]) << r;
+}
+
+TEST(Processes, AllreduceHostSumsEachProcessThenTheProcessesInOrder) {
+  World w(2, 2);
+  const std::vector<std::vector<double>> in = {{1e16, 1.0}, {1.0, 2.0}, {-1e16, 3.0}, {3.0, 4.0}};
+  std::vector<double> expected(2), rank_order(2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    expected[i] = (in[0][i] + in[1][i]) + (in[2][i] + in[3][i]);
+    rank_order[i] = ((in[0][i] + in[1][i]) + in[2][i]) + in[3][i];
+  }
+  ASSERT_NE(expected[0], rank_order[0]);  // the data tells the two orders apart
+  auto values = in;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r)
+    threads.emplace_back([&, r] { w.comms[static_cast<std::size_t>(r)]->allreduce_host(values[static_cast<std::size_t>(r)]); });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(values[static_cast<std::size_t>(r)], expected) << r;
+}
+
+TEST(Processes, ReduceScatterAndGatherStayInOneProcess) {
+  World w(2, 1);
+  std::vector<float> x(4, 1.0f);
+  w.comms[0]->reduce(x.data(), x.size(), ReduceOp::kSum, 0);
+  EXPECT_THROW(w.devices[0]->synchronize(), RuntimeFailure);
+}
+
+// Process 1 never joins: process 0's ranks wait in the exchange until their group is
+// aborted (a failed rank, the watchdog), then leave at once.
+TEST(Processes, AnAbortReleasesARankWaitingForAnotherProcess) {
+  World w(2, 2);
+  std::vector<std::vector<float>> buffers(2, std::vector<float>(1000, 1.0f));
+  for (int r = 0; r < 2; ++r) w.comms[static_cast<std::size_t>(r)]->allreduce(buffers[static_cast<std::size_t>(r)].data(), 1000, ReduceOp::kSum);
+  std::this_thread::sleep_for(50ms);
+  const auto start = std::chrono::steady_clock::now();
+  w.comms[1]->abort();
+  for (int r = 0; r < 2; ++r) EXPECT_THROW(w.devices[static_cast<std::size_t>(r)]->synchronize(), Aborted) << r;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+}
+
+}  // namespace
+}  // namespace mnist_mt::cpu
