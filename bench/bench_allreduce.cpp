@@ -135,6 +135,10 @@ void bench_allreduce(benchmark::State& state, Backend& backend, int world, std::
     try {
       std::rethrow_exception(error);
     } catch (const std::exception& e) {
+      if (place.processes) {  // the other processes wait in the next exchange: end them
+        std::fprintf(stderr, "bench_allreduce: %s\n", e.what());
+        place.processes->abort(3);
+      }
       state.SkipWithError(e.what());
     }
     return;
@@ -193,7 +197,7 @@ int main(int argc, char** argv) {
   using namespace mnist_mt;
   std::shared_ptr<Processes> processes;
   try {
-    processes = join_launch(argc, argv);
+    processes = join_launch(argc, argv, 60);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_allreduce: %s\n", e.what());
     return 2;

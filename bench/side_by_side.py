@@ -127,6 +127,8 @@ def main():
     layouts = args.layouts.split(",")
     if any(l not in ("threads", "processes") for l in layouts):
         sys.exit(f"side_by_side.py: --layouts: {args.layouts!r} is not a list of threads and processes")
+    if "processes" in layouts and "dp" in modes:
+        sys.exit("side_by_side.py: --modes dp runs in one process: it has no processes layout")
     def label(name, mode, layout):  # what tells the variants apart
         return " ".join(([name] if len(builds) > 1 else []) +
                         ([mode] if len(modes) > 1 or (len(builds) == 1 and len(layouts) == 1) else []) +

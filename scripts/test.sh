@@ -40,10 +40,11 @@ PY
   passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 }
 
-suite build "--buildtype=release -Dcuda=auto" ""
-suite build-asan "--buildtype=debugoptimized -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false" \
+# MPI is required here (setup.sh installs Open MPI), so that the multi-process tests run.
+suite build "--buildtype=release -Dcuda=auto -Dmpi=enabled" ""
+suite build-asan "--buildtype=debugoptimized -Dcuda=disabled -Dmpi=enabled -Db_sanitize=address,undefined -Db_lundef=false" \
   "--timeout-multiplier 4"
-suite build-tsan "--buildtype=debugoptimized -Dcuda=disabled -Db_sanitize=thread -Db_lundef=false" \
+suite build-tsan "--buildtype=debugoptimized -Dcuda=disabled -Dmpi=enabled -Db_sanitize=thread -Db_lundef=false" \
   "--timeout-multiplier 6 --suite data --suite train"
 
 # Every libFuzzer target for FUZZ_SECONDS (60) from the committed seeds: counts as one.

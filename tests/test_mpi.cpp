@@ -136,6 +136,21 @@ TEST(Mpi, EveryLayoutOfTheWorldTrainsTheSameWeights) {
   EXPECT_EQ(count(two.out, "2 processes x 1 cpu device(s)"), 1) << two.out;
 }
 
+// Two ranks in each process: each process's sum first, so the bits differ from one
+// process's, within float rounding.
+TEST(Mpi, ProcessesOfSeveralRanksTrainTheWeightsOfOneProcess) {
+  const Outcome two = run_mpi(2, {"--cpu", "2", "--batch-size", "16", "--save", file("2x2.safetensors")});
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  const Outcome one = run_one({"--cpu", "4", "--batch-size", "16", "--save", file("1x4.safetensors")});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const auto a = mnist_mt::load_checkpoint(file("2x2.safetensors"));
+  const auto b = mnist_mt::load_checkpoint(file("1x4.safetensors"));
+  EXPECT_EQ(a.step, 20u);
+  EXPECT_EQ(b.step, 20u);
+  EXPECT_LE(max_difference(a.params, b.params), 1e-5);
+  EXPECT_LE(max_difference(a.momentum, b.momentum), 1e-5);
+}
+
 // A checkpoint of one layout goes on under another, either way, as if never stopped.
 TEST(Mpi, ACheckpointResumesUnderAnotherProcessLayout) {
   const std::vector<std::string> half{"--batch-size", "32", "--max-steps", "10"};
@@ -172,6 +187,16 @@ TEST(Mpi, AFailingRankEndsEveryProcess) {
   EXPECT_NE(o.err.find("rank 1 (host "), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("failed at step 25: injected fault"), std::string::npos) << o.err;
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+}
+
+// A NaN in one process's rank: the ranks agree on the report across processes.
+TEST(Mpi, ANonFiniteLossInOneProcessEndsEveryProcess) {
+  const Outcome o = run_mpi(2, {"--cpu", "1", "--batch-size", "32", "--epochs", "5", "--timeout", "30",
+                                "--inject-nan", "1:7"},
+                            60s);
+  EXPECT_EQ(o.exit_code, 3) << o.err;
+  EXPECT_NE(o.err.find("rank 1 (host "), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("failed at step 7: non-finite training loss"), std::string::npos) << o.err;
 }
 
 // The processes of the launch started with `mark` in their environment, by their
@@ -219,7 +244,9 @@ TEST(Mpi, AStoppedProcessEndsEveryProcessWithinTheTimeout) {
   const auto [o, took] = signal_process_1(SIGSTOP, "stopped");
   EXPECT_NE(o.exit_code, 0);
   EXPECT_NE(o.exit_code, -1) << "killed at the deadline";
-  EXPECT_NE(o.err.find("nothing came from process 1 (host "), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("mnist_mt: error: process 1 (host "), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find(", rank 1) sent nothing for "), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("(timeout 5 s): it failed or stopped; rank 0 (host "), std::string::npos) << o.err;
   EXPECT_LT(took.count(), 5 + 15.0);
 }
 

@@ -6,6 +6,7 @@
 // runs the same code between real processes under mpirun.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -35,6 +36,7 @@ struct Meeting {
   std::vector<std::vector<char>> slots;
   int deposited = 0, copied = 0;
   std::uint64_t round = 0;
+  std::atomic<int> waiting{0};  // processes inside an exchange
 };
 
 class ThreadProcesses final : public Processes {
@@ -46,6 +48,11 @@ class ThreadProcesses final : public Processes {
 
   void allgather(const void* mine, void* all, std::size_t bytes, const std::function<bool()>& stop) override {
     Meeting& m = *meeting_;
+    ++m.waiting;
+    struct Leave {
+      Meeting& m;
+      ~Leave() { --m.waiting; }
+    } leave{m};
     std::unique_lock lock(m.mutex);
     const auto p = static_cast<std::size_t>(index_);
     m.slots[p].assign(static_cast<const char*>(mine), static_cast<const char*>(mine) + bytes);
@@ -88,8 +95,7 @@ class ThreadProcesses final : public Processes {
 
 // P pretend processes of L CPU ranks each: world rank p*L + l is process p's rank l.
 struct World {
-  World(int processes, int ranks) : per(ranks) {
-    auto meeting = std::make_shared<Meeting>(processes);
+  World(int processes, int ranks) : per(ranks), meeting(std::make_shared<Meeting>(processes)) {
     for (int p = 0; p < processes; ++p) {
       Place place{std::make_shared<ThreadProcesses>(meeting, p), p * ranks, processes * ranks};
       std::vector<CpuDevice*> raw;
@@ -114,6 +120,7 @@ struct World {
   }
   int size() const { return static_cast<int>(comms.size()); }
   int per;
+  std::shared_ptr<Meeting> meeting;
   std::vector<std::unique_ptr<CpuDevice>> devices;  // world rank order
   std::vector<std::unique_ptr<Communicator>> comms;
 };
@@ -233,13 +240,16 @@ TEST(Processes, ReduceScatterAndGatherStayInOneProcess) {
   EXPECT_THROW(w.devices[0]->synchronize(), RuntimeFailure);
 }
 
-// Process 1 never joins: process 0's ranks wait in the exchange until their group is
-// aborted (a failed rank, the watchdog), then leave at once.
+// Process 1 never joins: process 0's ranks wait, rank 0 in the exchange, until their
+// group is aborted (a failed rank, the watchdog), then leave at once.
 TEST(Processes, AnAbortReleasesARankWaitingForAnotherProcess) {
   World w(2, 2);
   std::vector<std::vector<float>> buffers(2, std::vector<float>(1000, 1.0f));
   for (int r = 0; r < 2; ++r) w.comms[static_cast<std::size_t>(r)]->allreduce(buffers[static_cast<std::size_t>(r)].data(), 1000, ReduceOp::kSum);
-  std::this_thread::sleep_for(50ms);
+  // Process 0's rank 0 waits inside the exchange (not at a barrier of its own process).
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (w.meeting->waiting.load() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(w.meeting->waiting.load(), 1);
   const auto start = std::chrono::steady_clock::now();
   w.comms[1]->abort();
   for (int r = 0; r < 2; ++r) EXPECT_THROW(w.devices[static_cast<std::size_t>(r)]->synchronize(), Aborted) << r;

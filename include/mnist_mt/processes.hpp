@@ -34,11 +34,22 @@ class Processes {
 };
 
 // The launch this process is part of: null without a launcher, or under one that started
-// just this process. Initialises MPI (MPI_THREAD_MULTIPLE) only then; the object's
-// destructor finalises it. Throws InputError when the build has no MPI and a launcher
-// started several processes, or when MPI lacks MPI_THREAD_MULTIPLE.
-std::shared_ptr<Processes> join_launch(int& argc, char**& argv);
+// just this process. Initialises MPI (MPI_THREAD_MULTIPLE) only then, and learns every
+// process's host within `timeout_s` seconds (0: no limit); the object's destructor
+// finalises MPI. Throws InputError when the build has no MPI and a launcher started
+// several processes, or when MPI lacks MPI_THREAD_MULTIPLE; ends the launch (MPI_Abort)
+// when anything fails once MPI is initialised.
+std::shared_ptr<Processes> join_launch(int& argc, char**& argv, double timeout_s);
 bool mpi_built();
+// The processes a launcher (mpirun, srun, mpiexec) says it started, from the environment,
+// before MPI is initialised; 0 without a launcher.
+int launcher_processes();
+
+// Processes::allgather that gives up after `timeout_s` seconds (0: never) with a
+// RuntimeFailure naming the processes not heard from and `when` ("while the processes
+// set up").
+void allgather_within(Processes& processes, const void* mine, void* all, std::size_t bytes, double timeout_s,
+                      const std::string& when);
 
 // Where this process's ranks are in the world.
 struct Place {

@@ -75,9 +75,9 @@ int main(int argc, char** argv) {
   // threads leave them to the watch. A process that fails ends every process of the
   // launch (MPI_Abort), having said why: its peers would wait for it otherwise.
   std::shared_ptr<mnist_mt::Processes> processes;
+  if (mnist_mt::launcher_processes() > 1) stop.abort_at_first_signal();  // from MPI_Init on
   const int code = guarded([&] {
-    processes = mnist_mt::join_launch(argc, argv);
-    if (processes) stop.abort_at_first_signal();
+    processes = mnist_mt::join_launch(argc, argv, train.timeout);
     return run_train(train, stop, processes);
   });
   if (code != 0 && processes) processes->abort(code);

@@ -1,6 +1,7 @@
 #include <iostream>
 #include <optional>
 #include <string_view>
+#include <vector>
 #include <utility>
 
 #include "commands.hpp"
@@ -160,6 +161,13 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   out << config.devices.size() << ' ' << devices.backend->name() << " device(s), batch " << config.batch
       << " per device, " << data.train.size() << " training and " << data.test.size() << " test images" << std::endl;
   const TrainResult result = with_flag_names(kTrainFlags, [&] { return train(*devices.backend, data, config); });
+  if (processes != nullptr) {
+    // MPI_Finalize waits for every process, with no limit: the processes meet first,
+    // within --timeout, so that one that stopped at the end is reported, not waited for.
+    const char mine = 0;
+    std::vector<char> all(static_cast<std::size_t>(processes->count()));
+    allgather_within(*processes, &mine, all.data(), 1, config.timeout_s, "at the end of the run");
+  }
   return result.interrupted ? interrupted(*result.interrupted) : 0;
 }
 

@@ -75,7 +75,7 @@ class NcclGroup {
     }
     if (state == ncclSuccess || state == ncclInProgress) return;
     abort();
-    throw RuntimeFailure(device + " rank " + std::to_string(rank) + ": NCCL reported " + ncclGetErrorString(state) +
+    throw RuntimeFailure(device + " rank " + std::to_string(first_rank_ + rank) + ": NCCL reported " + ncclGetErrorString(state) +
                          " while the rank waited for its streams; every communicator was aborted");
   }
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <memory>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,7 +19,6 @@
 #include <thread>
 #include <vector>
 
-#include "launch.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/processes.hpp"
 
@@ -38,25 +38,19 @@ void mpi_check(int code, const char* call) {
 
 class MpiProcesses final : public Processes {
  public:
-  MpiProcesses(int& argc, char**& argv) {
-    int provided = 0;
-    mpi_check(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
-    if (provided < MPI_THREAD_MULTIPLE) {
-      MPI_Finalize();
-      throw InputError("the MPI library does not provide MPI_THREAD_MULTIPLE, which a process's ranks need");
-    }
+  // MPI is initialised; the caller finalises it if this throws.
+  explicit MpiProcesses(double timeout_s) {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &index_);
     MPI_Comm_size(comm_, &count_);
+    hosts_.assign(static_cast<std::size_t>(count_), "?");
     std::array<char, 256> mine{};
     if (::gethostname(mine.data(), mine.size() - 1) != 0) std::snprintf(mine.data(), mine.size(), "unknown");
     std::vector<char> all(mine.size() * static_cast<std::size_t>(count_));
-    mpi_check(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, all.data(),
-                            static_cast<int>(mine.size()), MPI_CHAR, comm_),
-              "MPI_Allgather");
-    for (int p = 0; p < count_; ++p) hosts_.emplace_back(all.data() + mine.size() * static_cast<std::size_t>(p));
+    allgather_within(*this, mine.data(), all.data(), mine.size(), timeout_s, "while MPI started");
+    for (int p = 0; p < count_; ++p) hosts_[static_cast<std::size_t>(p)] = all.data() + mine.size() * static_cast<std::size_t>(p);
   }
 
   ~MpiProcesses() override {
@@ -68,29 +62,42 @@ class MpiProcesses final : public Processes {
   int count() const override { return count_; }
   const std::string& host(int process) const override { return hosts_.at(static_cast<std::size_t>(process)); }
 
+  // The messages go from and to the transfer's own buffers (one copy each way), which an
+  // abort leaves to MPI until the process ends: a message still under way never writes
+  // into memory its caller has freed.
   void allgather(const void* mine, void* all, std::size_t bytes, const std::function<bool()>& stop) override {
     auto* out = static_cast<char*>(all);
-    char* own = out + bytes * static_cast<std::size_t>(index_);
-    if (own != mine && bytes > 0) std::memmove(own, mine, bytes);
-    Transfer t(*this);
+    Transfer t(*this, bytes);
+    const char* outgoing = t.outgoing(mine);
     for (int p = 0; p < count_; ++p) {
       if (p == index_) continue;
-      t.receive(out + bytes * static_cast<std::size_t>(p), bytes, p);
-      t.send(own, bytes, p);
+      t.receive(p);
+      t.send(outgoing, p);
     }
     t.finish(stop);
+    for (int p = 0; p < count_; ++p) {
+      char* to = out + bytes * static_cast<std::size_t>(p);
+      if (p == index_) {
+        if (to != mine && bytes > 0) std::memmove(to, mine, bytes);
+      } else {
+        t.take(p, to);
+      }
+    }
   }
 
   void broadcast(void* data, std::size_t bytes, int root, const std::function<bool()>& stop) override {
-    Transfer t(*this);
+    Transfer t(*this, bytes);
     if (index_ == root) {
+      const char* outgoing = t.outgoing(data);
       for (int p = 0; p < count_; ++p) {
-        if (p != root) t.send(data, bytes, p);
+        if (p != root) t.send(outgoing, p);
       }
+      t.finish(stop);
     } else {
-      t.receive(data, bytes, root);
+      t.receive(root);
+      t.finish(stop);
+      t.take(root, static_cast<char*>(data));
     }
-    t.finish(stop);
   }
 
   std::vector<int> waiting_for() const override {
@@ -107,17 +114,39 @@ class MpiProcesses final : public Processes {
   // One collective's messages: posted, then polled until every one is done.
   class Transfer {
    public:
-    explicit Transfer(MpiProcesses& owner) : owner_(owner), tag_(owner.next_tag()) {}
+    Transfer(MpiProcesses& owner, std::size_t bytes)
+        : owner_(owner), tag_(owner.next_tag()), bytes_(bytes), buffers_(std::make_shared<Buffers>()) {
+      buffers_->resize(static_cast<std::size_t>(owner.count_));
+    }
     ~Transfer() {
-      const std::lock_guard lock(owner_.waiting_mutex_);
-      owner_.waiting_.clear();
+      {
+        const std::lock_guard lock(owner_.waiting_mutex_);
+        owner_.waiting_.clear();
+      }
+      // Messages left under way (an abort): their buffers live as long as the process.
+      if (std::any_of(peers_.begin(), peers_.end(), [](int p) { return p >= 0; })) {
+        const std::lock_guard lock(owner_.abandoned_mutex_);
+        owner_.abandoned_.push_back(buffers_);
+      }
     }
 
-    void send(const void* data, std::size_t bytes, int peer) {
-      post(MPI_Isend(data, count(bytes), MPI_BYTE, peer, tag_, owner_.comm_, &add(peer)), "MPI_Isend");
+    // `data` copied into this process's own buffer, which the sends read.
+    const char* outgoing(const void* data) {
+      std::vector<char>& own = (*buffers_)[static_cast<std::size_t>(owner_.index_)];
+      own.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes_);
+      return own.data();
     }
-    void receive(void* data, std::size_t bytes, int peer) {
-      post(MPI_Irecv(data, count(bytes), MPI_BYTE, peer, tag_, owner_.comm_, &add(peer)), "MPI_Irecv");
+    void send(const char* outgoing, int peer) {
+      post(MPI_Isend(outgoing, count(bytes_), MPI_BYTE, peer, tag_, owner_.comm_, &add(peer)), "MPI_Isend");
+    }
+    void receive(int peer) {
+      std::vector<char>& in = (*buffers_)[static_cast<std::size_t>(peer)];
+      in.resize(bytes_);
+      post(MPI_Irecv(in.data(), count(bytes_), MPI_BYTE, peer, tag_, owner_.comm_, &add(peer)), "MPI_Irecv");
+    }
+    // After finish(): what came from `peer`.
+    void take(int peer, char* to) const {
+      if (bytes_ > 0) std::memcpy(to, (*buffers_)[static_cast<std::size_t>(peer)].data(), bytes_);
     }
 
     // Polls: MPI progresses the messages inside MPI_Testsome; a short spin, then short
@@ -166,8 +195,11 @@ class MpiProcesses final : public Processes {
       owner_.waiting_ = std::move(waiting);
     }
 
+    using Buffers = std::vector<std::vector<char>>;  // by process
     MpiProcesses& owner_;
     const int tag_;
+    const std::size_t bytes_;
+    std::shared_ptr<Buffers> buffers_;
     std::vector<MPI_Request> requests_;
     std::vector<int> peers_;  // each request's peer; -1 once done
   };
@@ -181,15 +213,29 @@ class MpiProcesses final : public Processes {
   std::atomic<std::uint64_t> sequence_{0};
   mutable std::mutex waiting_mutex_;
   std::vector<int> waiting_;  // guarded by waiting_mutex_
+  std::mutex abandoned_mutex_;
+  std::vector<std::shared_ptr<void>> abandoned_;  // guarded by abandoned_mutex_
 };
 
 }  // namespace
 
 bool mpi_built() { return true; }
 
-std::shared_ptr<Processes> join_launch(int& argc, char**& argv) {
+std::shared_ptr<Processes> join_launch(int& argc, char**& argv, double timeout_s) {
   if (launcher_processes() <= 1) return nullptr;
-  return std::make_shared<MpiProcesses>(argc, argv);
+  int provided = 0;
+  mpi_check(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+  if (provided < MPI_THREAD_MULTIPLE) {
+    MPI_Finalize();
+    throw InputError("the MPI library does not provide MPI_THREAD_MULTIPLE, which a process's ranks need");
+  }
+  try {
+    return std::make_shared<MpiProcesses>(timeout_s);
+  } catch (const std::exception& e) {  // the peers may wait for this process: end them too
+    std::fprintf(stderr, "mnist_mt: error: %s\n", e.what());
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    std::_Exit(3);
+  }
 }
 
 }  // namespace mnist_mt

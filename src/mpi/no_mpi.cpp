@@ -1,7 +1,6 @@
 // A build without MPI: one process, and a clear refusal of a launch of several.
 #include <string>
 
-#include "launch.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/processes.hpp"
 
@@ -9,7 +8,7 @@ namespace mnist_mt {
 
 bool mpi_built() { return false; }
 
-std::shared_ptr<Processes> join_launch(int&, char**&) {
+std::shared_ptr<Processes> join_launch(int&, char**&, double) {
   const int processes = launcher_processes();
   if (processes > 1) {
     throw InputError("started as one of " + std::to_string(processes) +

@@ -59,7 +59,9 @@ void check_train_config(const TrainConfig& config) {
   if (hooks.fault) check_rank("injected fault", hooks.fault->rank, world, "fault");
   if (hooks.stall) check_rank("injected stall", hooks.stall->rank, world, "stall");
   if (hooks.nan) check_rank("injected NaN", hooks.nan->rank, world, "nan");
-  // An unwritable output is found now, not after the first epoch.
+  // An unwritable output is found now, not after the first epoch; by world rank 0's
+  // process, the one that writes them.
+  if (config.processes != nullptr && config.processes->index() != 0) return;
   if (config.save) check_output_path(*config.save, "checkpoint", "save");
   if (config.metrics) check_output_path(*config.metrics, "metrics file", "metrics");
   if (config.trace) check_output_path(*config.trace, "trace file", "trace");

@@ -31,8 +31,6 @@ void check(const TrainConfig& config, const Dataset& data, int world) {
   }
 }
 
-std::string seconds_text(double seconds);
-
 // Where this process's ranks are: the processes agree that each runs as many ranks.
 Place place_of(const TrainConfig& config) {
   Place place;
@@ -48,20 +46,7 @@ Place place_of(const TrainConfig& config) {
   const std::int32_t mine = ranks;
   // Within --timeout: a process that failed before this exchange has ended the launch,
   // but one that stopped has not.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(config.timeout_s);
-  std::vector<int> missing;
-  try {
-    processes->allgather(&mine, all.data(), sizeof mine, [&] {
-      if (config.timeout_s <= 0 || std::chrono::steady_clock::now() < deadline) return false;
-      missing = processes->waiting_for();
-      return true;
-    });
-  } catch (const Aborted&) {
-    std::string who;
-    for (const int p : missing) who += (who.empty() ? "" : ", ") + std::to_string(p) + " (host " + processes->host(p) + ")";
-    throw RuntimeFailure("process " + std::to_string(me) + ": no word from process " + who + " within " +
-                         seconds_text(config.timeout_s) + " s (--timeout) while the processes set up");
-  }
+  allgather_within(*processes, &mine, all.data(), sizeof mine, config.timeout_s, "while the processes set up");
   for (int p = 0; p < count; ++p) {
     if (all[static_cast<std::size_t>(p)] != mine) {
       throw InputError("process " + std::to_string(p) + " (host " + processes->host(p) + ") runs " +
@@ -153,26 +138,34 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
   if (config.trace && place.process() == 0) trace.emplace(*config.trace, start.step, config.trace_steps);
   Watchdog::Hooks hooks;
   hooks.on_stall = [this](int rank, std::uint64_t step, Phase phase, double seconds) {
+    const std::string timeout = seconds_text(this->config.timeout_s);
+    if (const std::string missing = missing_processes(); !missing.empty()) {
+      fail(rank, step,
+           std::make_exception_ptr(ProcessesSilent(
+               missing + " sent nothing for " + seconds_text(seconds) + " s (timeout " + timeout +
+               " s): it failed or stopped; rank " + std::to_string(global(rank)) + " (host " +
+               place.processes->host(place.process()) + ") waited for it at step " + std::to_string(step))));
+      return;
+    }
     fail(rank, step,
          std::make_exception_ptr(RuntimeFailure("stalled in phase " + std::string(phase_name(phase)) +
                                                 ": no progress for " + seconds_text(seconds) + " s (timeout " +
-                                                seconds_text(this->config.timeout_s) + " s)" + missing_processes())));
+                                                timeout + " s)")));
   };
   hooks.tick = [this] { return watch_tick(); };
   hooks.on_hung = [this] { exit_hung(); };
   watchdog_ = std::make_unique<Watchdog>(ranks(), config.timeout_s, kGrace, std::move(hooks));
 }
 
-// A rank held up by other processes: "; nothing came from process P (host H, ranks
-// A-B), failed or stopped" for each that an exchange under way still waits for.
 std::string Run::missing_processes() const {
   if (!place.processes) return "";
   std::string text;
   const int per = ranks();
   for (const int p : place.processes->waiting_for()) {
-    text += "; nothing came from process " + std::to_string(p) + " (host " + place.processes->host(p) + ", rank" +
+    text += (text.empty() ? "process " : ", process ") + std::to_string(p) + " (host " + place.processes->host(p) +
+            ", rank" +
             (per == 1 ? " " + std::to_string(p) : "s " + std::to_string(p * per) + "-" + std::to_string(p * per + per - 1)) +
-            "), failed or stopped";
+            ")";
   }
   return text;
 }
@@ -395,6 +388,8 @@ void Run::rethrow_failure() const {
   };
   try {
     std::rethrow_exception(f.error);
+  } catch (const ProcessesSilent& e) {
+    throw RuntimeFailure(e.what());
   } catch (const StepFailure& e) {
     throw RuntimeFailure(where(e.step()) + e.what());
   } catch (const Interrupted&) {

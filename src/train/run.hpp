@@ -36,6 +36,13 @@ class StepFailure : public RuntimeFailure {
   std::uint64_t step_;
 };
 
+// A rank held up by other processes that sent nothing for --timeout: reported with those
+// processes as its subject, not as "rank R failed".
+class ProcessesSilent : public RuntimeFailure {
+ public:
+  using RuntimeFailure::RuntimeFailure;
+};
+
 // How many steps apart the DDP workers read their stats (and phase times) from the device,
 // on every rank at the same steps.
 constexpr std::uint64_t kReadEvery = 16;
@@ -140,6 +147,8 @@ class Run {
             const std::filesystem::path& path);
   bool failed() const;
   bool watch_tick();
+  // The processes an exchange under way still waits for, "process P (host H, rank R)"
+  // each; empty when none.
   std::string missing_processes() const;
   [[noreturn]] void exit_hung() const;
 
