@@ -1,11 +1,14 @@
 #include "watchdog.hpp"
 
+#include <algorithm>
 #include <tuple>
 
 namespace mnist_mt {
 namespace {
 
 constexpr auto kPoll = std::chrono::milliseconds(50);
+// A poll this late means the whole process did not run (SIGSTOP, a suspended machine).
+constexpr std::int64_t kLateNs = 2'000'000'000;
 
 }  // namespace
 
@@ -66,9 +69,12 @@ bool Watchdog::check_stall() {
     if (phase == static_cast<int>(Phase::kIdle) || phase == static_cast<int>(Phase::kDone)) continue;
     if (stalled < 0 || at < behind) stalled = r, behind = at;
   }
-  if (stalled < 0 || now - std::get<2>(behind) <= limit) return false;
+  // Time this process spent stopped is no rank's stall, nor its peers' (whose messages
+  // it could not take meanwhile): the clock restarts when it runs again.
+  const std::int64_t since = std::max(std::get<2>(behind), resumed_ns_);
+  if (stalled < 0 || now - since <= limit) return false;
   hooks_.on_stall(stalled, std::get<0>(behind), static_cast<Phase>(std::get<1>(behind)),
-                  static_cast<double>(now - std::get<2>(behind)) * 1e-9);
+                  static_cast<double>(now - since) * 1e-9);
   return true;
 }
 
@@ -78,6 +84,9 @@ void Watchdog::watch(std::stop_token stop) {
   while (!stop.stop_requested() && !fired) {
     wake_.wait_for(lock, stop, kPoll, [] { return false; });
     if (stop.stop_requested()) return;
+    const std::int64_t now = now_ns();
+    if (polled_ns_ != 0 && now - polled_ns_ > kLateNs) resumed_ns_ = now;
+    polled_ns_ = now;
     fired = hooks_.tick() || check_stall();
   }
   wake_.wait_for(lock, stop, grace_, [] { return false; });

@@ -55,6 +55,10 @@ class Watchdog {
   const std::chrono::milliseconds grace_;
   const Hooks hooks_;
   std::unique_ptr<Slot[]> slots_;
+  // The watch's own last poll, and when it last found itself late by far (the process
+  // was stopped or suspended): no rank is blamed for that time (watch thread only).
+  std::int64_t polled_ns_ = 0;
+  std::int64_t resumed_ns_ = 0;
   std::mutex mutex_;
   std::condition_variable_any wake_;
   std::jthread thread_;  // last: starts once the rest is made, stopped and joined first
