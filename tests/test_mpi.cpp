@@ -104,6 +104,9 @@ int count(const std::string& text, const std::string& what) {
   return n;
 }
 
+// The launch's own words aside (Open MPI's banners), one line of mnist_mt says what failed.
+void expect_one_error_line(const Outcome& o) { EXPECT_EQ(count(o.err, "mnist_mt: error: "), 1) << o.err; }
+
 // Item 5: 2 processes x 1 rank, 1 process x 2 ranks and 1 process x 1 rank of twice the
 // batch. One rank per process adds the ranks' gradients in the order one process does,
 // so the first two agree bit for bit; the third within float rounding.
@@ -186,6 +189,7 @@ TEST(Mpi, AFailingRankEndsEveryProcess) {
   EXPECT_EQ(o.exit_code, 3) << o.err;
   EXPECT_NE(o.err.find("rank 1 (host "), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("failed at step 25: injected fault"), std::string::npos) << o.err;
+  expect_one_error_line(o);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
 }
 
@@ -197,6 +201,7 @@ TEST(Mpi, ANonFiniteLossInOneProcessEndsEveryProcess) {
   EXPECT_EQ(o.exit_code, 3) << o.err;
   EXPECT_NE(o.err.find("rank 1 (host "), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("failed at step 7: non-finite training loss"), std::string::npos) << o.err;
+  expect_one_error_line(o);
 }
 
 // The processes of the launch started with `mark` in their environment, by their
@@ -247,6 +252,7 @@ TEST(Mpi, AStoppedProcessEndsEveryProcessWithinTheTimeout) {
   EXPECT_NE(o.err.find("mnist_mt: error: process 1 (host "), std::string::npos) << o.err;
   EXPECT_NE(o.err.find(", rank 1) sent nothing for "), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("(timeout 5 s): it failed or stopped; rank 0 (host "), std::string::npos) << o.err;
+  expect_one_error_line(o);
   EXPECT_LT(took.count(), 5 + 15.0);
 }
 
@@ -267,6 +273,7 @@ TEST(Mpi, ProcessesWithDifferentRankCountsAreRefused) {
   const Outcome o = finish(spawn_command(command), 60s);
   EXPECT_EQ(o.exit_code, 2) << o.err;
   EXPECT_NE(o.err.find("every process must run as many (--cpu, --gpus)"), std::string::npos) << o.err;
+  expect_one_error_line(o);
 }
 
 // Under a launcher, --mode dp (one thread drives every device) is refused.
@@ -274,6 +281,7 @@ TEST(Mpi, DataParallelModeIsRefusedAcrossProcesses) {
   const Outcome o = run_mpi(2, {"--cpu", "1", "--mode", "dp"}, 60s);
   EXPECT_EQ(o.exit_code, 2) << o.err;
   EXPECT_NE(o.err.find("--mode dp drives every device from one thread of one process"), std::string::npos) << o.err;
+  expect_one_error_line(o);
 }
 
 }  // namespace

@@ -33,9 +33,10 @@ enum class NanPolicy { kStop, kSkip };
 class StopRequest {
  public:
   // A run of several processes (MPI) cannot agree on a step to stop at without an
-  // exchange of its own: there the first signal aborts too (SignalWatch).
-  void abort_at_first_signal() { abort_at_first_.store(true); }
-  bool aborts_at_first_signal() const { return abort_at_first_.load(); }
+  // exchange of its own: there the first signal ends the process at once (SignalWatch),
+  // and the launcher the others. No file is half-written: checkpoints appear by rename.
+  void exit_at_first_signal() { exit_at_first_.store(true); }
+  bool exits_at_first_signal() const { return exit_at_first_.load(); }
   void stop(int signal) { stop_.store(signal); }
   void abort(int signal) { abort_.store(signal); }
   int stop_signal() const { return stop_.load(); }    // 0: none
@@ -44,7 +45,7 @@ class StopRequest {
  private:
   std::atomic<int> stop_{0};
   std::atomic<int> abort_{0};
-  std::atomic<bool> abort_at_first_{false};
+  std::atomic<bool> exit_at_first_{false};
 };
 
 struct TrainConfig {

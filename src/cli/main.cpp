@@ -3,8 +3,10 @@
 // training stopped by SIGINT/SIGTERM (128 + the signal). Every error is one line on
 // stderr. Under mpirun/srun, training runs as one of several processes.
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <functional>
 #include <iostream>
+#include <thread>
 
 #include "commands.hpp"
 #include "mnist_mt/error.hpp"
@@ -16,8 +18,13 @@ namespace {
 
 void report(const char* what) { std::cerr << "mnist_mt: error: " << what << std::endl; }
 
-// Runs the chosen command, mapping errors to exit codes.
-int guarded(const std::function<int()>& command) {
+// Runs the chosen command, mapping errors to exit codes; `before_report` runs before the
+// error's line is printed.
+int guarded(const std::function<int()>& command, const std::function<void()>& before_report = [] {}) {
+  const auto report = [&](const char* what) {
+    before_report();
+    ::report(what);
+  };
   try {
     return command();
   } catch (const mnist_mt::Interrupted& e) {  // a second SIGINT or SIGTERM: aborted at once
@@ -73,13 +80,20 @@ int main(int argc, char** argv) {
   const mnist_mt::SignalWatch signals(stop);
   // Under mpirun/srun: MPI is initialised after the signals are blocked, so that its
   // threads leave them to the watch. A process that fails ends every process of the
-  // launch (MPI_Abort), having said why: its peers would wait for it otherwise.
+  // launch (MPI_Abort), having said why: its peers would wait for it otherwise. A failure
+  // that every process meets at once (a bad flag, a stopped peer) is reported by process
+  // 0 alone: the others give its abort a second to end them first, which also keeps
+  // Open MPI 4.1's mpirun from crashing on simultaneous aborts.
   std::shared_ptr<mnist_mt::Processes> processes;
-  if (mnist_mt::launcher_processes() > 1) stop.abort_at_first_signal();  // from MPI_Init on
-  const int code = guarded([&] {
-    processes = mnist_mt::join_launch(argc, argv, train.timeout);
-    return run_train(train, stop, processes);
-  });
+  if (mnist_mt::launcher_processes() > 1) stop.exit_at_first_signal();  // from MPI_Init on
+  const int code = guarded(
+      [&] {
+        processes = mnist_mt::join_launch(argc, argv, train.timeout);
+        return run_train(train, stop, processes);
+      },
+      [&] {
+        if (processes && processes->index() != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+      });
   if (code != 0 && processes) processes->abort(code);
   return code;
 }

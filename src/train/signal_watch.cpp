@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 namespace mnist_mt {
@@ -42,12 +43,13 @@ SignalWatch::SignalWatch(StopRequest& stop)
         while (!token.stop_requested()) {
           const int signal = sigtimedwait(&set, nullptr, &poll);
           if (signal < 0) continue;
-          if (first && stop.aborts_at_first_signal()) {
-            std::fprintf(stderr, "mnist_mt: %s: aborting every process (a run of several stops without a checkpoint)\n",
+          if (stop.exits_at_first_signal()) {  // the launcher ends the other processes
+            std::fprintf(stderr, "mnist_mt: %s: this process ends now (one of several: no checkpoint)\n",
                          signal_name(signal));
-            stop.abort(signal);
-            first = false;
-          } else if (first) {
+            std::fflush(stdout);
+            std::_Exit(128 + signal);
+          }
+          if (first) {
             std::fprintf(stderr, "mnist_mt: %s: stopping after the step in flight to save a checkpoint; again to abort\n",
                          signal_name(signal));
             stop.stop(signal);
