@@ -86,7 +86,7 @@ TEST(CliVersion, NamesTheVersionTheBackendsAndEveryLibrary) {
   EXPECT_EQ(o.exit_code, 0);
   EXPECT_EQ(o.out.rfind("mnist_mt 0.", 0), 0u) << o.out;
   EXPECT_NE(o.out.find("backends: cpu"), std::string::npos) << o.out;
-  for (const char* lib : {"oneDNN 2.", "oneTBB 20", "CUDA ", "cuDNN ", "NCCL ", "libcurl 7.", "libpng 1."}) {
+  for (const char* lib : {"oneDNN 2.", "oneTBB 20", "CUDA ", "cuDNN ", "NCCL ", "libcurl 7.", "libpng 1.", "MPI "}) {
     EXPECT_NE(o.out.find(lib), std::string::npos) << lib << " in " << o.out;
   }
 }

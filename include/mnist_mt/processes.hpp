@@ -56,6 +56,7 @@ struct Place {
   std::shared_ptr<Processes> processes;  // null: one process
   int first_rank = 0;                    // the world rank of this process's rank 0
   int world = 0;                         // ranks in all; 0: this process's ranks
+  double timeout_s = 0;                  // how long a setup exchange waits (0: no limit)
   int process() const { return processes ? processes->index() : 0; }
   int process_count() const { return processes ? processes->count() : 1; }
 };

@@ -18,6 +18,7 @@ std::vector<std::string> backends_built();  // "cpu", and "cuda" when built
 std::vector<LibraryVersion> data_library_versions();  // libcurl, OpenSSL, libpng, zlib, oneTBB
 std::vector<LibraryVersion> cpu_library_versions();   // oneDNN
 std::vector<LibraryVersion> cuda_library_versions();  // CUDA, cuDNN, NCCL
+LibraryVersion mpi_library_version();                 // the MPI library's own words, or "not built"
 std::vector<LibraryVersion> library_versions();       // all of the above
 
 }  // namespace mnist_mt

@@ -103,7 +103,10 @@ class NcclGroup {
   void init_ranks(const std::vector<int>& ids, const Place& place) {
     ncclUniqueId id{};
     if (place.process() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    place.processes->broadcast(&id, sizeof id, 0, [] { return false; });
+    // Sent as an allgather, of which process 0's part counts: within --timeout.
+    std::vector<ncclUniqueId> all(static_cast<std::size_t>(place.process_count()));
+    allgather_within(*place.processes, &id, all.data(), sizeof id, place.timeout_s, "for NCCL's unique id");
+    id = all[0];
     NCCL_CHECK(ncclGroupStart());
     ncclResult_t first = ncclSuccess;
     for (std::size_t i = 0; i < ids.size() && first == ncclSuccess; ++i) {

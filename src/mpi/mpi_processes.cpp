@@ -21,6 +21,7 @@
 
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/processes.hpp"
+#include "mnist_mt/version.hpp"
 
 namespace mnist_mt {
 namespace {
@@ -220,6 +221,16 @@ class MpiProcesses final : public Processes {
 }  // namespace
 
 bool mpi_built() { return true; }
+
+// Callable before MPI_Init: the library's first words ("Open MPI v4.1.4").
+LibraryVersion mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  if (MPI_Get_library_version(text, &length) != MPI_SUCCESS) return {"MPI", "unknown"};
+  std::string words(text, static_cast<std::size_t>(length));
+  words = words.substr(0, words.find_first_of(",\n"));
+  return {"MPI", words};
+}
 
 std::shared_ptr<Processes> join_launch(int& argc, char**& argv, double timeout_s) {
   if (launcher_processes() <= 1) return nullptr;

@@ -3,10 +3,13 @@
 
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/processes.hpp"
+#include "mnist_mt/version.hpp"
 
 namespace mnist_mt {
 
 bool mpi_built() { return false; }
+
+LibraryVersion mpi_library_version() { return {"MPI", "not built"}; }
 
 std::shared_ptr<Processes> join_launch(int&, char**&, double) {
   const int processes = launcher_processes();

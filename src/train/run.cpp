@@ -56,6 +56,7 @@ Place place_of(const TrainConfig& config) {
     }
   }
   place.processes = processes;
+  place.timeout_s = config.timeout_s;
   place.first_rank = me * ranks;
   place.world = count * ranks;
   return place;

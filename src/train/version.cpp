@@ -16,6 +16,7 @@ std::vector<LibraryVersion> library_versions() {
   std::vector<LibraryVersion> out = cpu_library_versions();
   for (auto& v : data_library_versions()) out.push_back(std::move(v));
   for (auto& v : cuda_library_versions()) out.push_back(std::move(v));
+  out.push_back(mpi_library_version());
   return out;
 }
 
