@@ -161,14 +161,17 @@ inline void write_split(const fs::path& dir, const std::string& prefix, std::uin
   }
 }
 
+// A data set of `train` and `test` images in the scratch directory's `name`.
+inline fs::path make_data(const std::string& name, std::uint32_t train, std::uint32_t test, unsigned seed) {
+  fs::path d = scratch_dir() / name;
+  fs::create_directories(d);
+  write_split(d, "train", train, seed);
+  write_split(d, "t10k", test, seed + 1);
+  return d;
+}
+
 inline const fs::path& small_data() {
-  static const fs::path dir = [] {
-    fs::path d = scratch_dir() / "data";
-    fs::create_directories(d);
-    write_split(d, "train", 256, 1);
-    write_split(d, "t10k", 50, 2);
-    return d;
-  }();
+  static const fs::path dir = make_data("data", 256, 50, 1);
   return dir;
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu/communicator.hpp"
+#include "communicator_fixture.hpp"
 #include "cpu/device.hpp"
 #include "mnist_mt/error.hpp"
 
@@ -21,7 +22,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-struct Group {
+struct Group : float_buffers::Ranks {
   explicit Group(int world) {
     std::vector<CpuDevice*> raw;
     for (int r = 0; r < world; ++r) {
@@ -30,34 +31,11 @@ struct Group {
     }
     comms = make_communicators(raw);
   }
-  ~Group() {
-    for (auto& c : comms) c->abort();  // never leave a stream blocked if a test failed midway
-    for (auto& d : devices) {
-      try {
-        d->synchronize();
-      } catch (...) {
-      }
-    }
-  }
-  void synchronize() {
-    for (auto& d : devices) d->synchronize();
-  }
   int world() const { return static_cast<int>(devices.size()); }
-  std::vector<std::unique_ptr<CpuDevice>> devices;
-  std::vector<std::unique_ptr<Communicator>> comms;
 };
 
-// Values of very different magnitudes, so that the order of additions shows in the bits.
-std::vector<std::vector<float>> random_buffers(int world, std::size_t count, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> exponent(-12, 12);
-  std::vector<std::vector<float>> buffers(world, std::vector<float>(count));
-  for (auto& b : buffers) {
-    for (float& x : b) x = std::ldexp(mantissa(rng), exponent(rng));
-  }
-  return buffers;
-}
+using float_buffers::bitwise_equal;
+using float_buffers::random_buffers;
 
 std::vector<float> rank_order_sum(const std::vector<std::vector<float>>& in, bool average) {
   std::vector<float> out = in[0];
@@ -70,9 +48,6 @@ std::vector<float> rank_order_sum(const std::vector<std::vector<float>>& in, boo
   return out;
 }
 
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
 
 TEST(Communicator, RankAndSize) {
   Group g(3);

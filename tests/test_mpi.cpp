@@ -24,13 +24,7 @@ using namespace cli_test;
 
 // 20 steps of a global batch of 64.
 const fs::path& data() {
-  static const fs::path dir = [] {
-    fs::path d = scratch_dir() / "mpi_data";
-    fs::create_directories(d);
-    write_split(d, "train", 1280, 3);
-    write_split(d, "t10k", 100, 4);
-    return d;
-  }();
+  static const fs::path dir = make_data("mpi_data", 1280, 100, 3);
   return dir;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cpu/communicator.hpp"
+#include "communicator_fixture.hpp"
 #include "cpu/device.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/processes.hpp"
@@ -94,7 +95,7 @@ class ThreadProcesses final : public Processes {
 };
 
 // P pretend processes of L CPU ranks each: world rank p*L + l is process p's rank l.
-struct World {
+struct World : float_buffers::Ranks {
   World(int processes, int ranks) : per(ranks), meeting(std::make_shared<Meeting>(processes)) {
     for (int p = 0; p < processes; ++p) {
       Place place{std::make_shared<ThreadProcesses>(meeting, p), p * ranks, processes * ranks};
@@ -106,35 +107,13 @@ struct World {
       for (auto& c : make_communicators(raw, place)) comms.push_back(std::move(c));
     }
   }
-  ~World() {
-    for (auto& c : comms) c->abort();
-    for (auto& d : devices) {
-      try {
-        d->synchronize();
-      } catch (...) {
-      }
-    }
-  }
-  void synchronize() {
-    for (auto& d : devices) d->synchronize();
-  }
   int size() const { return static_cast<int>(comms.size()); }
   int per;
   std::shared_ptr<Meeting> meeting;
-  std::vector<std::unique_ptr<CpuDevice>> devices;  // world rank order
-  std::vector<std::unique_ptr<Communicator>> comms;
 };
 
-std::vector<std::vector<float>> random_buffers(int world, std::size_t count, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> exponent(-12, 12);
-  std::vector<std::vector<float>> buffers(world, std::vector<float>(count));
-  for (auto& b : buffers) {
-    for (float& x : b) x = std::ldexp(mantissa(rng), exponent(rng));
-  }
-  return buffers;
-}
+using float_buffers::bitwise_equal;
+using float_buffers::random_buffers;
 
 // Each process's rank-order sum, then those sums in process order, / W for an average.
 std::vector<float> hierarchical_sum(const std::vector<std::vector<float>>& in, int per, bool average) {
@@ -153,9 +132,6 @@ std::vector<float> hierarchical_sum(const std::vector<std::vector<float>>& in, i
   return out;
 }
 
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
 
 TEST(Processes, RanksAreNumberedProcessMajor) {
   World w(3, 2);
