@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "mnist_mt/error.hpp"
+
 namespace mnist_mt {
 
 class Processes {
@@ -31,6 +33,14 @@ class Processes {
 
   // Ends every process of the launch (MPI_Abort) with exit code `code`.
   [[noreturn]] virtual void abort(int code) = 0;
+};
+
+// A bad input that every process of a launch finds alike (the same flags, the same
+// exchange): world rank 0's process reports it and ends the launch; the others end
+// without a word.
+class SameOnEveryProcess : public InputError {
+ public:
+  using InputError::InputError;
 };
 
 // The launch this process is part of: null without a launcher, or under one that started

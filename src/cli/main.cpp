@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <iostream>
+#include <stdexcept>
 #include <thread>
 
 #include "commands.hpp"
@@ -18,26 +19,26 @@ namespace {
 
 void report(const char* what) { std::cerr << "mnist_mt: error: " << what << std::endl; }
 
-// Runs the chosen command, mapping errors to exit codes; `before_report` runs before the
-// error's line is printed.
-int guarded(const std::function<int()>& command, const std::function<void()>& before_report = [] {}) {
-  const auto report = [&](const char* what) {
-    before_report();
-    ::report(what);
+// Runs the chosen command, mapping errors to exit codes. `speaks(error)` says whether
+// this process prints the error's line (it may wait first).
+int guarded(const std::function<int()>& command,
+            const std::function<bool(const std::exception&)>& speaks = [](const std::exception&) { return true; }) {
+  const auto report = [&](const std::exception& e) {
+    if (speaks(e)) ::report(e.what());
   };
   try {
     return command();
   } catch (const mnist_mt::Interrupted& e) {  // a second SIGINT or SIGTERM: aborted at once
-    report(e.what());
+    report(e);
     return 128 + e.signal();
   } catch (const mnist_mt::InputError& e) {
-    report(e.what());
+    report(e);
     return 2;
   } catch (const std::exception& e) {
-    report(e.what());
+    report(e);
     return 3;
   } catch (...) {
-    report("unknown failure");
+    report(std::runtime_error("unknown failure"));
     return 3;
   }
 }
@@ -80,20 +81,27 @@ int main(int argc, char** argv) {
   const mnist_mt::SignalWatch signals(stop);
   // Under mpirun/srun: MPI is initialised after the signals are blocked, so that its
   // threads leave them to the watch. A process that fails ends every process of the
-  // launch (MPI_Abort), having said why: its peers would wait for it otherwise. A failure
-  // that every process meets at once (a bad flag, a stopped peer) is reported by process
-  // 0 alone: the others give its abort a second to end them first, which also keeps
-  // Open MPI 4.1's mpirun from crashing on simultaneous aborts.
+  // launch (MPI_Abort), having said why: its peers would wait for it otherwise. A bad
+  // input that every process finds alike is reported by process 0 alone, whose abort
+  // ends the others (they wait for it, and abort themselves only if it never comes);
+  // other failures that several processes may meet at once are printed by the others
+  // after a second, time for process 0's abort to end them first. Fewer simultaneous
+  // aborts also keep Open MPI 4.1's mpirun from crashing.
   std::shared_ptr<mnist_mt::Processes> processes;
   if (mnist_mt::launcher_processes() > 1) stop.exit_at_first_signal();  // from MPI_Init on
+  bool silent = false;
   const int code = guarded(
       [&] {
         processes = mnist_mt::join_launch(argc, argv, train.timeout);
         return run_train(train, stop, processes);
       },
-      [&] {
-        if (processes && processes->index() != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+      [&](const std::exception& e) {
+        if (!processes || processes->index() == 0) return true;
+        silent = dynamic_cast<const mnist_mt::SameOnEveryProcess*>(&e) != nullptr;
+        if (!silent) std::this_thread::sleep_for(std::chrono::seconds(1));
+        return !silent;
       });
+  if (silent) std::this_thread::sleep_for(std::chrono::seconds(30));
   if (code != 0 && processes) processes->abort(code);
   return code;
 }

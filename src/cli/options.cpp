@@ -139,7 +139,7 @@ std::uint32_t count_flag(std::int64_t value, std::int64_t min, const std::string
 
 void throw_naming_flag(const InputError& error, const FlagNames& flags) {
   const auto flag = flags.find(error.input());
-  if (flag == flags.end()) throw error;
+  if (flag == flags.end()) throw;  // as it is, of its own type
   throw InputError(flag->second + ": " + error.what());
 }
 

@@ -65,7 +65,8 @@ std::uint32_t count_flag(std::int64_t value, std::int64_t min, const std::string
 using FlagNames = std::map<std::string, std::string, std::less<>>;
 
 // The library names a bad value; the user needs the flag: an InputError whose input()
-// has a flag in `flags` is thrown again as "FLAG: message". Others pass unchanged.
+// has a flag in `flags` is thrown again as "FLAG: message". Others pass unchanged (it is
+// called inside the handler, and rethrows them as they are).
 [[noreturn]] void throw_naming_flag(const InputError& error, const FlagNames& flags);
 
 template <typename F>

@@ -39,7 +39,7 @@ Place place_of(const TrainConfig& config) {
   const std::shared_ptr<Processes>& processes = config.processes;
   if (processes == nullptr || processes->count() == 1) return place;
   if (config.mode == Mode::kDp) {
-    throw InputError("--mode dp drives every device from one thread of one process: run it without mpirun/srun");
+    throw SameOnEveryProcess("--mode dp drives every device from one thread of one process: run it without mpirun/srun");
   }
   const int count = processes->count(), me = processes->index();
   std::vector<std::int32_t> all(static_cast<std::size_t>(count));
@@ -49,7 +49,7 @@ Place place_of(const TrainConfig& config) {
   allgather_within(*processes, &mine, all.data(), sizeof mine, config.timeout_s, "while the processes set up");
   for (int p = 0; p < count; ++p) {
     if (all[static_cast<std::size_t>(p)] != mine) {
-      throw InputError("process " + std::to_string(p) + " (host " + processes->host(p) + ") runs " +
+      throw SameOnEveryProcess("process " + std::to_string(p) + " (host " + processes->host(p) + ") runs " +
                        std::to_string(all[static_cast<std::size_t>(p)]) + " ranks and process " + std::to_string(me) +
                        " (host " + processes->host(me) + ") " + std::to_string(mine) +
                        ": every process must run as many (--cpu, --gpus)");
