@@ -47,10 +47,16 @@ class DeviceFloats {
     void* raw = nullptr;
     check(cudaMalloc(&raw, count_ * sizeof(float)));
     data_ = static_cast<float*>(raw);
-    check(cudaMemcpy(data_, values.data(), count_ * sizeof(float), cudaMemcpyHostToDevice));
-    // From pageable memory cudaMemcpy may return before the data has landed, and the
-    // legacy stream it used does not order the comm stream's collectives after it.
-    check(cudaDeviceSynchronize());
+    // On a stream of its own, waited for: the data has landed before any collective is
+    // enqueued. Not cudaDeviceSynchronize(), which on a GPU shared by ranks would wait
+    // for a peer's collective, itself waiting for this rank.
+    cudaStream_t stream = nullptr;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const cudaError_t copied = cudaMemcpyAsync(data_, values.data(), count_ * sizeof(float), cudaMemcpyHostToDevice, stream);
+    const cudaError_t waited = cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+    check(copied);
+    check(waited);
   }
   ~DeviceFloats() { cudaFree(data_); }
   DeviceFloats(const DeviceFloats&) = delete;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -219,6 +220,15 @@ void StagedGroup::abort() noexcept {
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_staged_communicators(std::span<CudaDevice* const> devices) {
+  // Each staged collective holds its rank's comm stream in a kernel that waits for the
+  // peers, which share the GPU and so the context. CUDA loads a kernel at its first launch
+  // unless told to load every kernel at start, and that load may wait for the context's
+  // running kernels: a peer's first launch would wait for this wait, which waits for it.
+  const char* loading = std::getenv("CUDA_MODULE_LOADING");
+  if (loading == nullptr || std::string(loading) != "EAGER") {
+    throw InputError("ranks that share a GPU need CUDA_MODULE_LOADING=EAGER in the environment (set before the "
+                     "first CUDA call): a kernel loaded lazily could wait for a peer's kernel that waits for it");
+  }
   auto group = std::make_shared<StagedGroup>(static_cast<int>(devices.size()));
   std::vector<std::unique_ptr<Communicator>> comms;
   for (std::size_t rank = 0; rank < devices.size(); ++rank) {
