@@ -55,6 +55,10 @@ bool mpi_built();
 // before MPI is initialised; 0 without a launcher.
 int launcher_processes();
 
+// "process P (host H, rank R)" for each of `which`, comma-separated: ranks R of
+// `ranks_per_process` each, numbered process-major (0: no ranks named).
+std::string process_names(const Processes& processes, const std::vector<int>& which, int ranks_per_process = 0);
+
 // Processes::allgather that gives up after `timeout_s` seconds (0: never) with a
 // RuntimeFailure naming the processes not heard from and `when` ("while the processes
 // set up").

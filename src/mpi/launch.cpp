@@ -24,6 +24,21 @@ int launcher_processes() {
   return 0;
 }
 
+std::string process_names(const Processes& processes, const std::vector<int>& which, int ranks_per_process) {
+  std::string text;
+  for (const int p : which) {
+    std::string ranks;
+    if (ranks_per_process == 1) {
+      ranks = ", rank " + std::to_string(p);
+    } else if (ranks_per_process > 1) {
+      ranks = ", ranks " + std::to_string(p * ranks_per_process) + "-" +
+              std::to_string(p * ranks_per_process + ranks_per_process - 1);
+    }
+    text += (text.empty() ? "process " : ", process ") + std::to_string(p) + " (host " + processes.host(p) + ranks + ")";
+  }
+  return text;
+}
+
 void allgather_within(Processes& processes, const void* mine, void* all, std::size_t bytes, double timeout_s,
                       const std::string& when) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
@@ -35,12 +50,11 @@ void allgather_within(Processes& processes, const void* mine, void* all, std::si
       return true;
     });
   } catch (const Aborted&) {
-    std::string who;
-    for (const int p : missing) who += (who.empty() ? "" : ", ") + std::to_string(p) + " (host " + processes.host(p) + ")";
     char limit[32];
     std::snprintf(limit, sizeof limit, "%.3g", timeout_s);
-    throw RuntimeFailure("process " + std::to_string(processes.index()) + ": nothing came from process " + who +
-                         " within " + limit + " s (--timeout) " + when + ": it failed or stopped");
+    throw RuntimeFailure("process " + std::to_string(processes.index()) + ": nothing came from " +
+                         process_names(processes, missing) + " within " + limit + " s (--timeout) " + when +
+                         ": it failed or stopped");
   }
 }
 

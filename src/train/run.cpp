@@ -159,16 +159,7 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
 }
 
 std::string Run::missing_processes() const {
-  if (!place.processes) return "";
-  std::string text;
-  const int per = ranks();
-  for (const int p : place.processes->waiting_for()) {
-    text += (text.empty() ? "process " : ", process ") + std::to_string(p) + " (host " + place.processes->host(p) +
-            ", rank" +
-            (per == 1 ? " " + std::to_string(p) : "s " + std::to_string(p * per) + "-" + std::to_string(p * per + per - 1)) +
-            ")";
-  }
-  return text;
+  return place.processes ? process_names(*place.processes, place.processes->waiting_for(), ranks()) : "";
 }
 
 // A second signal (across processes the first, StopRequest): every rank released now.
