@@ -72,13 +72,19 @@ void HostGroup::refuse_across(const char* collective) const {
   if (across()) throw RuntimeFailure(std::string(collective) + " between processes is not supported (--mode dp runs in one process)");
 }
 
+template <typename T>
+std::vector<T*> HostGroup::from_every_process(const T* mine, std::size_t count, std::vector<T>& into) {
+  const auto processes = static_cast<std::size_t>(processes_->count());
+  into.resize(count * processes);
+  processes_->allgather(mine, into.data(), count * sizeof(T), [this] { return aborted(); });
+  std::vector<T*> parts(processes);
+  for (std::size_t p = 0; p < processes; ++p) parts[p] = into.data() + count * p;
+  return parts;
+}
+
 double HostGroup::exchange(float* data, std::size_t count, ReduceOp op) {
-  const int processes = processes_->count();
-  exchanged_.resize(count * static_cast<std::size_t>(processes));
-  processes_->allgather(data, exchanged_.data(), count * sizeof(float), [this] { return aborted(); });
-  std::vector<float*> sums(static_cast<std::size_t>(processes));
-  for (int p = 0; p < processes; ++p) sums[static_cast<std::size_t>(p)] = exchanged_.data() + count * static_cast<std::size_t>(p);
-  return reduce_chunk(sums, {0, count}, std::span(&data, 1), op, static_cast<std::size_t>(world()));
+  return reduce_chunk(from_every_process(data, count, exchanged_), {0, count}, std::span(&data, 1), op,
+                      static_cast<std::size_t>(world()));
 }
 
 void HostGroup::barrier() {
@@ -224,7 +230,8 @@ double HostGroup::reduce(int rank, float* data, std::size_t count, ReduceOp op, 
 
 namespace {
 // The sum of `count` values at each of `in`, added in their order.
-std::vector<double> sum_in_order(std::span<const double* const> in, std::size_t count) {
+template <typename Pointer>
+std::vector<double> sum_in_order(const std::vector<Pointer>& in, std::size_t count) {
   std::vector<double> sum(in[0], in[0] + count);
   for (std::size_t s = 1; s < in.size(); ++s) {
     for (std::size_t i = 0; i < count; ++i) sum[i] += in[s][i];
@@ -247,13 +254,7 @@ void HostGroup::allreduce_host(int rank, std::span<double> data) {
     // rank 0 writes it again only past the next collective's first barrier.
     if (rank == 0) {
       const std::vector<double> mine = sum_in_order(host_buffers_, data.size());
-      const auto processes = static_cast<std::size_t>(processes_->count());
-      host_exchanged_.resize(data.size() * processes);
-      processes_->allgather(mine.data(), host_exchanged_.data(), data.size() * sizeof(double),
-                            [this] { return aborted(); });
-      std::vector<const double*> sums(processes);
-      for (std::size_t p = 0; p < processes; ++p) sums[p] = host_exchanged_.data() + data.size() * p;
-      host_result_ = sum_in_order(sums, data.size());
+      host_result_ = sum_in_order(from_every_process(mine.data(), data.size(), host_exchanged_), data.size());
     }
     barrier();
     std::copy(host_result_.begin(), host_result_.end(), data.begin());

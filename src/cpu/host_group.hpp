@@ -61,6 +61,10 @@ class HostGroup {
   // Rank 0's part of a collective across processes: the world's sum of `count` floats
   // whose process's sum is in `data` (an average: / world()), and its sum of squares.
   double exchange(float* data, std::size_t count, ReduceOp op);
+  // Rank 0's: every process's `count` values (this one's from `mine`) into `into`, in
+  // process order, and where each process's begin.
+  template <typename T>
+  std::vector<T*> from_every_process(const T* mine, std::size_t count, std::vector<T>& into);
   void refuse_across(const char* collective) const;
 
   const int size_;
