@@ -1,6 +1,6 @@
 // The executable under signals, stalls and a full disk: the first SIGINT/SIGTERM saves
 // where the run stands and exits 130/143, and the same command with --load finishes it
-// with the uninterrupted run's bytes; a second signal aborts at once leaving no partial
+// with the uninterrupted run's bytes, on one rank as on two; a second signal aborts at once leaving no partial
 // file; SIGHUP and SIGPIPE do not stop a run; a rank stuck in compute, in a collective or
 // waiting for data exits 3 naming the rank, step and phase within the timeout and a few
 // seconds; a full disk during a save exits 3 and keeps the previous checkpoint loadable.
@@ -93,6 +93,27 @@ TEST_F(CliReliability, TheFirstSignalSavesAndTheSameCommandWithLoadFinishesBitwi
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(slurp_binary(path), want) << o.out;
   }
+}
+
+// The command resumed on one rank with the same global batch computes the two ranks'
+// shards in turn: the same bytes again.
+TEST_F(CliReliability, TheFirstSignalsCheckpointFinishesOnOneRankBitwise) {
+  const std::string& want = straight();
+  const fs::path path = dir_ / "stopped.safetensors";
+  Outcome o;
+  for (int attempt = 0; attempt < 6 && (attempt == 0 || o.exit_code == 0); ++attempt)
+    o = finish(signalled(path, {SIGTERM}, 0ms, 1.0 / (attempt + 1)));
+  ASSERT_EQ(o.exit_code, 128 + SIGTERM) << o.err;
+  std::vector<std::string> resume = args(path);
+  resume[1] = "1";   // --cpu
+  resume[3] = "16";  // --batch-size
+  resume.insert(resume.end(), {"--load", path.string()});
+  const Outcome r = run_cli(resume);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("resuming a checkpoint of 2 ranks x 8 on 1 rank x 16: each rank computes 2 shards of 8 in turn"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(slurp_binary(path), want) << o.out;
 }
 
 TEST_F(CliReliability, ASecondSignalAbortsAtOnceLeavingNoPartialFile) {

@@ -35,6 +35,11 @@ class Backend {
   // On the thread that will drive it, after device.activate(). Weights are zero until
   // written.
   virtual std::unique_ptr<Replica> make_replica(Device& device, std::uint32_t max_batch) = 0;
+  // Whether a rank can compute several shards of the world's batch in turn with the
+  // sums of a world of a rank per shard, bit for bit (Place::shards,
+  // Communicator::allreduce_shards, Replica::keep_grads): CPU devices, whose allreduce
+  // adds in rank order.
+  virtual bool sums_shards() const { return false; }
   // Bracket collectives for several ranks issued from one thread (ncclGroupStart/End).
   virtual void group_start() {}
   virtual void group_end() {}

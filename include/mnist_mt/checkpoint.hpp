@@ -15,6 +15,12 @@ struct Checkpoint {
   std::uint32_t epoch_step = 0; // steps done in the epoch after those (mid-epoch checkpoints)
   std::uint64_t step = 0;       // optimizer steps taken
   std::uint64_t seed = 0;
+  // The layout whose sums made the parameters: the world's shards (a rank each, unless a
+  // rank computed several, Run's shards) and the batch of each. 0: not recorded (files
+  // from before these fields).
+  std::uint32_t world = 0;
+  std::uint32_t batch = 0;
+  std::uint64_t global_batch() const { return std::uint64_t{world} * batch; }
 };
 
 // Temp file in the same directory, fsync, rename, fsync of the directory. Throws

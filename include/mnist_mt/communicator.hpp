@@ -21,6 +21,16 @@ class Communicator {
   virtual int size() const = 0;
 
   virtual void allreduce(float* data, std::size_t count, ReduceOp op) = 0;
+  // A rank that computes several shards of the world's batch in turn (Place::shards):
+  // `shards` are its shards' buffers in shard order, every rank as many; the result, as
+  // allreduce() in a world of a rank per shard computes it (an average divides by the
+  // shards), lands in the last. Communicators made without shards take one buffer.
+  virtual void allreduce_shards(std::span<float* const> shards, std::size_t count, ReduceOp op) {
+    if (shards.size() != 1)
+      throw RuntimeFailure("an allreduce of " + std::to_string(shards.size()) +
+                           " shards a rank: this communicator sums one buffer a rank");
+    allreduce(shards[0], count, op);
+  }
   virtual void broadcast(float* data, std::size_t count, int root) = 0;
   // The result lands in root's buffer only; other ranks' buffers are unchanged.
   virtual void reduce(float* data, std::size_t count, ReduceOp op, int root) = 0;

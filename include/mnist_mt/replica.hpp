@@ -8,6 +8,7 @@
 #include <span>
 
 #include "mnist_mt/batch.hpp"
+#include "mnist_mt/error.hpp"
 
 namespace mnist_mt {
 
@@ -105,6 +106,14 @@ class Replica {
   // thread; work the callback enqueues on the comm stream after
   // Device::comm_wait_compute() sees those gradients.
   virtual void backward(const std::function<void(int layer)>& grads_ready) = 0;
+  // A rank computing several shards of the world's batch in turn keeps each shard's
+  // gradients but the last one's while the next backward overwrites grads(): enqueues a
+  // copy of grads() into the replica's buffer `slot` (kParamCount floats, made at the
+  // first call for it) and returns that buffer. Only for backends whose communicators
+  // sum shards (Backend::sums_shards); others throw.
+  virtual float* keep_grads(std::size_t /*slot*/) {
+    throw RuntimeFailure("this replica keeps no gradients of several shards");
+  }
   // PyTorch's SGD: g += wd*p; buf = momentum*buf + g (buf = g on the first step);
   // p -= lr*buf. With momentum 0 no buffer is kept (p -= lr*g): read_momentum() gives what
   // was there before.

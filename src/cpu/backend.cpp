@@ -37,6 +37,7 @@ class CpuBackend final : public Backend {
     return cpu::make_communicators(cpus, place);
   }
 
+  bool sums_shards() const override { return true; }
   std::unique_ptr<Replica> make_replica(Device& device, std::uint32_t max_batch) override {
     return cpu::make_cpu_replica(cpu_device(device), max_batch);
   }

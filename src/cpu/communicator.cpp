@@ -22,6 +22,10 @@ class CpuCommunicator final : public Communicator {
   void allreduce(float* data, std::size_t count, ReduceOp op) override {
     enqueue([g = group_, r = rank_, data, count, op, sum = squares_] { *sum += g->allreduce(r, data, count, op); });
   }
+  void allreduce_shards(std::span<float* const> shards, std::size_t count, ReduceOp op) override {
+    enqueue([g = group_, r = rank_, parts = std::vector<float*>(shards.begin(), shards.end()), count, op,
+             sum = squares_] { *sum += g->allreduce(r, parts, count, op); });
+  }
   void broadcast(float* data, std::size_t count, int root) override {
     enqueue([g = group_, r = rank_, data, count, root] { g->broadcast(r, data, count, root); });
   }
@@ -66,7 +70,7 @@ class CpuCommunicator final : public Communicator {
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CpuDevice* const> devices, const Place& place) {
-  auto group = std::make_shared<HostGroup>(static_cast<int>(devices.size()), place.processes);
+  auto group = std::make_shared<HostGroup>(static_cast<int>(devices.size()), place.processes, place.shards);
   std::vector<std::unique_ptr<Communicator>> comms;
   comms.reserve(devices.size());
   for (std::size_t r = 0; r < devices.size(); ++r) {

@@ -65,8 +65,14 @@ double reduce_chunk(std::span<float* const> in, Chunk chunk, std::span<float* co
 
 }  // namespace
 
-HostGroup::HostGroup(int size, std::shared_ptr<Processes> processes)
-    : size_(size), processes_(std::move(processes)), buffers_(size), host_buffers_(size), squares_(size) {}
+HostGroup::HostGroup(int size, std::shared_ptr<Processes> processes, int shards)
+    : size_(size),
+      processes_(std::move(processes)),
+      buffers_(size),
+      host_buffers_(size),
+      squares_(size),
+      shards_(shards),
+      parts_(static_cast<std::size_t>(size) * static_cast<std::size_t>(shards)) {}
 
 void HostGroup::refuse_across(const char* collective) const {
   if (across()) throw RuntimeFailure(std::string(collective) + " between processes is not supported (--mode dp runs in one process)");
@@ -82,9 +88,9 @@ std::vector<T*> HostGroup::from_every_process(const T* mine, std::size_t count, 
   return parts;
 }
 
-double HostGroup::exchange(float* data, std::size_t count, ReduceOp op) {
+double HostGroup::exchange(float* data, std::size_t count, ReduceOp op, std::size_t parts) {
   return reduce_chunk(from_every_process(data, count, exchanged_), {0, count}, std::span(&data, 1), op,
-                      static_cast<std::size_t>(world()));
+                      parts * static_cast<std::size_t>(processes_->count()));
 }
 
 void HostGroup::barrier() {
@@ -126,35 +132,38 @@ bool HostGroup::aborted() const {
   return aborted_;
 }
 
-// Rank r sums chunk r of every buffer and writes the result into every buffer: a
-// reduce-scatter whose results land where the all-gather would copy them, without its
+// Rank r sums chunk r of every part and writes the result into every rank's last part:
+// a reduce-scatter whose results land where the all-gather would copy them, without its
 // second pass over the data.
-double HostGroup::allreduce(int rank, float* data, std::size_t count, ReduceOp op) {
+double HostGroup::allreduce(int rank, std::span<float* const> parts, std::size_t count, ReduceOp op) {
+  const std::size_t k = parts.size();
+  if (k == 0 || k > static_cast<std::size_t>(shards_))
+    throw RuntimeFailure("an allreduce of " + std::to_string(k) + " buffers a rank in a group of at most " +
+                         std::to_string(shards_));
+  const std::size_t all = static_cast<std::size_t>(size_) * k;
   double total = 0;
-  if (across()) {
-    collective([&] {
-      buffers_[rank] = data;
+  collective([&] {
+    std::copy(parts.begin(), parts.end(), parts_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rank) * k));
+    buffers_[rank] = parts.back();
+    const std::span<float* const> in(parts_.data(), all);
+    if (across()) {
       barrier();
-      if (size_ > 1) reduce_chunk(buffers_, chunk_of(count, rank, size_), std::span(&buffers_[0], 1), ReduceOp::kSum, 1);
+      if (all > 1) reduce_chunk(in, chunk_of(count, rank, size_), std::span(&buffers_[0], 1), ReduceOp::kSum, 1);
       barrier();
-      if (rank == 0) squares_[0] = exchange(data, count, op);
+      if (rank == 0) squares_[0] = exchange(buffers_[0], count, op, all);
       barrier();
-      if (rank != 0) copy(data, buffers_[0], count);
+      if (rank != 0) copy(buffers_[rank], buffers_[0], count);
       total = squares_[0];
       // No rank goes on (and rank 0 writes its buffer again) while a peer still copies.
       barrier();
-    });
-    return total;
-  }
-  collective([&] {
-    if (size_ == 1) {  // the identity; the barrier still reports an abort
-      barrier();
-      total = sum_of_squares(data, count);
       return;
     }
-    buffers_[rank] = data;
     barrier();
-    squares_[rank] = reduce_chunk(buffers_, chunk_of(count, rank, size_), buffers_, op, buffers_.size());
+    if (all == 1) {  // the identity; the barrier still reports an abort
+      total = sum_of_squares(parts[0], count);
+      return;
+    }
+    squares_[rank] = reduce_chunk(in, chunk_of(count, rank, size_), buffers_, op, all);
     // Every chunk written: no rank reads a peer's buffer after this. squares_ is written
     // again only past the next collective's first barrier, which waits for this rank.
     barrier();

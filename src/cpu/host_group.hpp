@@ -29,7 +29,8 @@ namespace mnist_mt::cpu {
 // the world's ranks. reduce, scatter and gather stay within one process.
 class HostGroup {
  public:
-  explicit HostGroup(int size, std::shared_ptr<Processes> processes = nullptr);
+  // `shards`: the most buffers a rank passes to allreduce() (Place::shards).
+  explicit HostGroup(int size, std::shared_ptr<Processes> processes = nullptr, int shards = 1);
   int size() const { return size_; }  // this process's ranks
   // Every process's ranks.
   int world() const { return size_ * (processes_ ? processes_->count() : 1); }
@@ -43,7 +44,13 @@ class HostGroup {
 
   // Returns the sum of squares of the result, the same bits on every rank: each rank's
   // chunk summed as it is reduced, the chunks' sums added in rank order.
-  double allreduce(int rank, float* data, std::size_t count, ReduceOp op);
+  double allreduce(int rank, float* data, std::size_t count, ReduceOp op) {
+    return allreduce(rank, std::span(&data, 1), count, op);
+  }
+  // Each rank's `parts` (every rank as many, at most `shards`) added in world order, rank
+  // by rank and each rank's in their order, as if each part were a rank of its own (an
+  // average divides by every part of the world); the result lands in each rank's last.
+  double allreduce(int rank, std::span<float* const> parts, std::size_t count, ReduceOp op);
   void broadcast(int rank, float* data, std::size_t count, int root);
   // The result lands in root's buffer only; root gets its sum of squares as allreduce
   // does, the others 0.
@@ -59,8 +66,9 @@ class HostGroup {
   void collective(Body&& body);
   bool across() const { return processes_ != nullptr && processes_->count() > 1; }
   // Rank 0's part of a collective across processes: the world's sum of `count` floats
-  // whose process's sum is in `data` (an average: / world()), and its sum of squares.
-  double exchange(float* data, std::size_t count, ReduceOp op);
+  // whose process's sum of `parts` is in `data` (an average: / the world's parts), and its
+  // sum of squares.
+  double exchange(float* data, std::size_t count, ReduceOp op, std::size_t parts);
   // Rank 0's: every process's `count` values (this one's from `mine`) into `into`, in
   // process order, and where each process's begin.
   template <typename T>
@@ -84,6 +92,10 @@ class HostGroup {
   std::vector<float*> buffers_;
   std::vector<const double*> host_buffers_;
   std::vector<double> squares_;  // allreduce: each rank's chunk's sum of squares, likewise
+  // allreduce(): rank r's k parts at parts_[r * k ..], in their order, likewise; its result
+  // goes to buffers_[r], the last of them.
+  const int shards_;
+  std::vector<float*> parts_;
 };
 
 }  // namespace mnist_mt::cpu

@@ -196,6 +196,13 @@ class CpuReplicaImpl final : public CpuReplica {
     grads_ready(kConv1);
   }
 
+  float* keep_grads(std::size_t slot) override {
+    while (kept_.size() <= slot) kept_.push_back(aligned_zeros<float>(kParamCount));
+    float* to = kept_[slot].get();
+    device_.compute().enqueue([this, to] { std::memcpy(to, grads_.get(), kParamCount * sizeof(float)); });
+    return to;
+  }
+
   void sgd_step(const SgdOptions& options) override {
     device_.compute().enqueue([this, options] { update(options); });
   }
@@ -429,6 +436,7 @@ class CpuReplicaImpl final : public CpuReplica {
   std::array<std::uint64_t, kSnapshots> snapshot_tickets_{};
   std::uint64_t snapshots_taken_ = 0;
   std::array<double, kOpCount> seconds_{};
+  std::vector<Aligned<float>> kept_;  // keep_grads()' buffers (host side; tasks hold their pointers)
 };
 
 }  // namespace

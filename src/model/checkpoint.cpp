@@ -61,6 +61,10 @@ std::string header_text(const Checkpoint& c) {
                             {"step", std::to_string(c.step)},
                             {"epoch_step", std::to_string(c.epoch_step)},
                             {"seed", std::to_string(c.seed)}};
+  if (c.world != 0) {
+    header["__metadata__"]["world"] = std::to_string(c.world);
+    header["__metadata__"]["batch"] = std::to_string(c.batch);
+  }
   std::uint64_t offset = 0;
   for (const Slot& s : slots(!c.momentum.empty())) {
     const std::uint64_t bytes = s.param->count * sizeof(float);
@@ -202,6 +206,14 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
   // Files from before mid-epoch checkpoints hold epoch ends only.
   if (metadata->contains("epoch_step"))
     checkpoint.epoch_step = metadata_number<std::uint32_t>(path, *metadata, "epoch_step");
+  // Nor the layout before resumes under another rank count were made exact.
+  if (metadata->contains("world") || metadata->contains("batch")) {
+    checkpoint.world = metadata_number<std::uint32_t>(path, *metadata, "world");
+    checkpoint.batch = metadata_number<std::uint32_t>(path, *metadata, "batch");
+    if (checkpoint.world == 0 || checkpoint.batch == 0)
+      fail(path, "metadata 'world' " + std::to_string(checkpoint.world) + " and 'batch' " +
+                     std::to_string(checkpoint.batch) + " must be positive");
+  }
   checkpoint.params.resize(kParamCount);
   if (with_momentum) checkpoint.momentum.resize(kParamCount);
   for (std::size_t i = 0; i < expected.size(); ++i) {

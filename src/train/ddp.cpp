@@ -34,12 +34,14 @@ class DdpWorker {
         step_(run.start.step),
         timer_(device_, rank, run.trace ? &*run.trace : nullptr),
         graphs_(device_, comm_),
-        guard_(run.update_guard(comm_)) {}
+        guard_(run.update_guard(comm_)),
+        batches_(static_cast<std::size_t>(run.shards())),
+        kept_(static_cast<std::size_t>(run.shards()) - 1) {}
 
   void operator()() noexcept {
     try {
       device_.activate();
-      replica_ = run_.backend.make_replica(device_, run_.config.batch);
+      replica_ = run_.backend.make_replica(device_, run_.shard_batch());
       replica_->prepare(run_.batch_sizes(rank_));
       // No rank enters a collective while a peer still sets up (cuDNN's searches,
       // allocations): NCCL's kernels would hold the device while that peer waits for it.
@@ -114,8 +116,14 @@ class DdpWorker {
 
   // A resumed epoch: the batches of the steps the checkpoint has taken already.
   void skip(Loader& loader, std::uint32_t steps) {
-    for (std::uint32_t k = 0; k < steps; ++k) {
-      if (loader.next(rank_) == nullptr) throw Aborted("the loader was cancelled");
+    for (std::uint32_t k = 0; k < steps; ++k) next_batches(loader);
+  }
+
+  // This rank's shards' batches of the next step (Run::shards), in batches_.
+  void next_batches(Loader& loader) {
+    for (std::size_t s = 0; s < batches_.size(); ++s) {
+      batches_[s] = loader.next(static_cast<std::uint32_t>(static_cast<std::size_t>(rank_) * batches_.size() + s));
+      if (batches_[s] == nullptr) throw Aborted("the loader was cancelled");
     }
   }
 
@@ -125,8 +133,7 @@ class DdpWorker {
     run_.beat(rank_, step_, Phase::kData);
     run_.inject_stall(rank_, step_, StallPhase::kData);
     const double asked = steady_seconds();
-    const Batch* batch = loader.next(rank_);
-    if (batch == nullptr) throw Aborted("the loader was cancelled");
+    next_batches(loader);
     const double got = steady_seconds();
     phase.data_wait += got - asked;
     timer_.begin(step_, asked, got);
@@ -134,12 +141,12 @@ class DdpWorker {
     run_.beat(rank_, step_, Phase::kForward);
     run_.inject_stall(rank_, step_, StallPhase::kCompute);
     run_.inject_nan(rank_, step_, *replica_);
-    replica_->set_input(*batch);
+    replica_->set_input(*batches_[0]);
     // The host's part of the step ends here when a recording of it is replayed: a rank
     // that never joins the step's allreduces stalls before enqueueing any of its work.
     run_.beat(rank_, step_, Phase::kCollective);
     run_.inject_stall(rank_, step_, StallPhase::kCollective);
-    const std::uint32_t rows = batch->size;
+    const std::uint32_t rows = batches_[0]->size;
     const auto enqueue = [&] { enqueue_step(key, rows); };
     graphs_.run({rows, replica_->input_buffer(), key.seed}, timer_, std::ref(enqueue));
     phase.host_launch += steady_seconds() - got;
@@ -148,7 +155,17 @@ class DdpWorker {
 
   // The step's work after its input: forward, backward with each bucket's allreduce on
   // the comm stream as soon as backward has written the bucket, the guarded update.
+  // A rank of several shards (CPU devices only, which record nothing) first runs forward
+  // and backward of each shard but the last, keeping its gradients, and feeds it the next
+  // shard's input; its forward phase holds that work too.
   void enqueue_step(const DropoutKey& key, std::uint32_t rows) {
+    for (std::size_t s = 0; s < kept_.size(); ++s) {
+      replica_->forward(true, key, rows);
+      replica_->backward([](int) {});
+      kept_[s] = replica_->keep_grads(s);
+      replica_->set_input(*batches_[s + 1]);
+      rows = batches_[s + 1]->size;
+    }
     replica_->forward(true, key, rows);
     timer_.end_forward();
 
@@ -158,7 +175,7 @@ class DdpWorker {
       if (next < buckets_.size() && buckets_[next].ready_layer == layer) {
         device_.comm_wait_compute();
         timer_.begin_allreduce();
-        comm_.allreduce(replica_->grads() + buckets_[next].offset, buckets_[next].count, ReduceOp::kAverage);
+        allreduce(buckets_[next]);
         timer_.end_allreduce();
         ++next;
       }
@@ -174,6 +191,19 @@ class DdpWorker {
     // would be a non-finite model everywhere, so the device drops the update itself.
     replica_->guarded_sgd_step(run_.config.sgd, guard_);
     timer_.end_step();
+  }
+
+  // A bucket's gradients averaged over the world's shards, into grads().
+  void allreduce(const Bucket& bucket) {
+    if (kept_.empty()) {
+      comm_.allreduce(replica_->grads() + bucket.offset, bucket.count, ReduceOp::kAverage);
+      return;
+    }
+    std::vector<float*> parts;
+    parts.reserve(kept_.size() + 1);
+    for (float* kept : kept_) parts.push_back(kept + bucket.offset);
+    parts.push_back(replica_->grads() + bucket.offset);
+    comm_.allreduce_shards(parts, bucket.count, ReduceOp::kAverage);
   }
 
   // The stats since the last read and the phase times of the steps the device has
@@ -212,6 +242,8 @@ class DdpWorker {
   StepGraphs graphs_;  // after replica_: its recordings are released first
   const UpdateGuard guard_;
   std::optional<std::uint64_t> unread_;  // the snapshot the next read() reads
+  std::vector<const Batch*> batches_;   // the step's batch of each of the rank's shards
+  std::vector<float*> kept_;            // the gradients of each shard but the last (Replica::keep_grads)
 };
 
 }  // namespace

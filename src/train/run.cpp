@@ -80,6 +80,55 @@ Checkpoint starting_point(const TrainConfig& config, const Dataset& data, int wo
   return start;
 }
 
+std::string ranks_text(std::uint64_t ranks, std::uint64_t batch) {
+  return std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") + " x " + std::to_string(batch);
+}
+
+// How the run's ranks compute the world's batch (ShardLayout): as the checkpoint's world
+// did when it resumes one of the same global batch made by a multiple of its ranks, and
+// a shard of the configured batch a rank otherwise.
+ShardLayout layout_of(const TrainConfig& config, const Place& place, const Checkpoint& start, const Backend& backend) {
+  ShardLayout layout{1, config.batch, ""};
+  // Nothing to match: a fresh run, one with no step left (evaluation), a file without it.
+  if (!config.load || config.epochs <= start.epoch || start.world == 0) return layout;
+  const auto world = static_cast<std::uint32_t>(place.world);
+  const std::uint64_t global = std::uint64_t{config.batch} * world;
+  const std::string theirs = ranks_text(start.world, start.batch), ours = ranks_text(world, config.batch);
+  if (start.global_batch() != global) {
+    // A position in an epoch counts steps of the checkpoint's global batch.
+    if (start.epoch_step != 0)
+      throw InputError("the checkpoint stopped after step " + std::to_string(start.epoch_step) + " of epoch " +
+                           std::to_string(start.epoch + 1) + " with a global batch of " +
+                           std::to_string(start.global_batch()) + " images (" + theirs + "), this run's is " +
+                           std::to_string(global) + " (" + ours + "): resume it with the same global batch",
+                       "load");
+    return layout;
+  }
+  if (start.world == world) return layout;
+  const std::string why = config.mode != Mode::kDdp     ? "--mode dp"
+                          : !backend.sums_shards()      ? backend.name() + " devices"
+                          : place.process_count() > 1   ? "several processes"
+                          : start.world % world != 0    ? std::to_string(world) + " ranks do not divide " +
+                                                            std::to_string(start.world)
+                                                        : "";
+  const std::string resuming = "resuming a checkpoint of " + theirs + " on " + ours + ": ";
+  if (!why.empty()) {
+    layout.note = resuming + "the same steps, their sums rounded otherwise (within 1e-5, not bit for bit: " + why + ")";
+    return layout;
+  }
+  layout.shards = static_cast<int>(start.world / world);
+  layout.batch = start.batch;
+  layout.note = resuming + "each rank computes " + std::to_string(layout.shards) + " shards of " +
+                std::to_string(layout.batch) + " in turn, summed as the " + std::to_string(start.world) +
+                " ranks summed them: bit for bit their run";
+  return layout;
+}
+
+Place with_shards(Place place, int shards) {
+  place.shards = shards;
+  return place;
+}
+
 std::vector<std::unique_ptr<Communicator>> communicators(Backend& backend,
                                                          const std::vector<std::unique_ptr<Device>>& devices,
                                                          const Place& place) {
@@ -127,14 +176,15 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
       config(config),
       place(place_of(config)),
       start(starting_point(config, data, place.world)),
+      layout(layout_of(config, place, start, backend)),
       devices(backend.make_devices(config.devices)),
-      comms(communicators(backend, devices, place)),
-      loaders(data, static_cast<std::uint32_t>(place.world), config.batch, start.seed,
-              static_cast<std::uint32_t>(place.first_rank), static_cast<std::uint32_t>(devices.size())),
+      comms(communicators(backend, devices, with_shards(place, layout.shards))),
+      loaders(data, train_shards(), test_shards(), start.seed, static_cast<std::uint32_t>(devices.size())),
       progress(config.progress, std::uint64_t{config.batch} * static_cast<std::uint64_t>(place.world)),
       saver_(config.keep),
       started_(devices.size(), 0) {
-  // World rank 0's process writes the files.
+  // World rank 0's process writes the files and speaks.
+  if (!layout.note.empty() && config.progress != nullptr && place.process() == 0) *config.progress << layout.note << "\n";
   if (config.metrics && place.process() == 0) metrics_.emplace(*config.metrics);
   if (config.trace && place.process() == 0) trace.emplace(*config.trace, start.step, config.trace_steps);
   Watchdog::Hooks hooks;
@@ -210,14 +260,26 @@ std::uint32_t Run::steps_in_epoch(std::uint32_t loader_steps) const {
   return config.max_steps > 0 ? std::min(loader_steps, config.max_steps) : loader_steps;
 }
 
+SharedLoaders::Shards Run::train_shards() const {
+  const auto s = static_cast<std::uint32_t>(shards());
+  return {static_cast<std::uint32_t>(world()) * s, shard_batch(), static_cast<std::uint32_t>(place.first_rank) * s,
+          static_cast<std::uint32_t>(config.devices.size()) * s};
+}
+
+// Evaluation sums nothing across ranks but its counts: a shard a rank, of the replica's batch.
+SharedLoaders::Shards Run::test_shards() const {
+  return {static_cast<std::uint32_t>(world()), shard_batch(), static_cast<std::uint32_t>(place.first_rank),
+          static_cast<std::uint32_t>(config.devices.size())};
+}
+
 std::vector<std::uint32_t> Run::batch_sizes(int rank) const {
-  std::vector<std::uint32_t> sizes{config.batch};
+  std::vector<std::uint32_t> sizes{shard_batch()};
   if (!config.evaluate) return sizes;
-  const ShardPlan test{data.test.size(), static_cast<std::uint32_t>(world()), config.batch, false};
+  const ShardPlan test{data.test.size(), static_cast<std::uint32_t>(world()), shard_batch(), false};
   if (test.steps() == 0) return sizes;
-  std::vector<std::uint32_t> positions(config.batch);
+  std::vector<std::uint32_t> positions(shard_batch());
   const std::uint32_t last = test.shard(static_cast<std::uint32_t>(global(rank)), test.steps() - 1, positions);
-  if (last != 0 && last != config.batch) sizes.push_back(last);
+  if (last != 0 && last != shard_batch()) sizes.push_back(last);
   return sizes;
 }
 
@@ -339,6 +401,8 @@ void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, 
   checkpoint.epoch_step = epoch_step;
   checkpoint.step = step;
   checkpoint.seed = start.seed;
+  checkpoint.world = static_cast<std::uint32_t>(world() * shards());
+  checkpoint.batch = shard_batch();
   saver_.save(path, checkpoint);
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "metrics.hpp"
@@ -47,6 +48,17 @@ class ProcessesSilent : public RuntimeFailure {
 // on every rank at the same steps.
 constexpr std::uint64_t kReadEvery = 16;
 
+// How a run's ranks compute the world's batch. Normally a shard of it each, of the
+// configured batch. A DDP run on CPU devices in one process that resumes a checkpoint
+// made by a multiple of its ranks, with the same global batch, computes that run's shards
+// instead, `shards` of `batch` images a rank, in turn, and sums their gradients in that
+// world's order: its weights are that run's, bit for bit.
+struct ShardLayout {
+  int shards = 1;
+  std::uint32_t batch = 0;
+  std::string note;  // for the progress stream when resuming under another rank count
+};
+
 class Run {
  public:
   // Main thread, before any device starts: checks the config against the data, loads
@@ -57,6 +69,9 @@ class Run {
   // This process's ranks, and the world's (every process's).
   int ranks() const { return static_cast<int>(devices.size()); }
   int world() const { return place.world; }
+  // Each rank's shards of the world's batch, and the images of each.
+  int shards() const { return layout.shards; }
+  std::uint32_t shard_batch() const { return layout.batch; }
   // The world rank of this process's rank `rank`.
   int global(int rank) const { return place.first_rank + rank; }
   std::uint32_t last_epoch() const { return config.epochs; }
@@ -125,6 +140,7 @@ class Run {
   const TrainConfig& config;
   const Place place;  // this process's ranks in the world
   Checkpoint start;  // parameters, momentum and loop state to start from
+  const ShardLayout layout;
   std::vector<std::unique_ptr<Device>> devices;
   std::vector<std::unique_ptr<Communicator>> comms;
   SharedLoaders loaders;
@@ -143,6 +159,9 @@ class Run {
   // one step past the furthest any rank has started: hosts run ahead of their devices,
   // and so of each other, but none past a step that every rank will start.
   bool stop_before(int rank, std::uint64_t step);
+  // The loaders' shards: training's by the layout, evaluation's a rank each.
+  SharedLoaders::Shards train_shards() const;
+  SharedLoaders::Shards test_shards() const;
   void save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step,
             const std::filesystem::path& path);
   bool failed() const;

@@ -3,11 +3,12 @@
 namespace mnist_mt {
 
 LoaderOptions SharedLoaders::options(std::uint32_t epoch, bool train) const {
+  const Shards& shards = train ? train_ : test_;
   LoaderOptions o;
-  o.world = world_;
-  o.first_rank = first_rank_;
-  o.ranks = ranks_;
-  o.batch = batch_;
+  o.world = shards.world;
+  o.first_rank = shards.first;
+  o.ranks = shards.count;
+  o.batch = shards.batch;
   o.train = train;
   o.seed = seed_;
   o.epoch = epoch;
@@ -38,7 +39,7 @@ void SharedLoaders::release(std::pair<std::uint32_t, bool> key) noexcept {
   {
     std::lock_guard lock(mutex_);
     const auto it = entries_.find(key);
-    if (++it->second.released < ranks_) return;
+    if (++it->second.released < consumers_) return;
     last = std::move(it->second.loader);
     entries_.erase(it);
   }

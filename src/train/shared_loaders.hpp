@@ -33,10 +33,17 @@ class SharedLoaders {
     Loader* loader_;
   };
 
-  // `ranks` of this process, world ranks first_rank.. of `world`.
-  SharedLoaders(const Dataset& data, std::uint32_t world, std::uint32_t batch, std::uint64_t seed,
-                std::uint32_t first_rank, std::uint32_t ranks)
-      : data_(data), world_(world), batch_(batch), seed_(seed), first_rank_(first_rank), ranks_(ranks) {}
+  // How a split is sharded: `world` shards of `batch` images; this process's are shards
+  // first .. first + count - 1, which Loader::next() numbers from 0.
+  struct Shards {
+    std::uint32_t world = 1;
+    std::uint32_t batch = 64;
+    std::uint32_t first = 0;
+    std::uint32_t count = 1;
+  };
+  // `consumers`: the ranks that acquire each loader (a rank may read several shards).
+  SharedLoaders(const Dataset& data, Shards train, Shards test, std::uint64_t seed, std::uint32_t consumers)
+      : data_(data), train_(train), test_(test), seed_(seed), consumers_(consumers) {}
 
   Lease acquire(std::uint32_t epoch, bool train);
   // What the loader of (epoch, split) is made with.
@@ -52,11 +59,9 @@ class SharedLoaders {
   void release(std::pair<std::uint32_t, bool> key) noexcept;
 
   const Dataset& data_;
-  const std::uint32_t world_;
-  const std::uint32_t batch_;
+  const Shards train_, test_;
   const std::uint64_t seed_;
-  const std::uint32_t first_rank_;
-  const std::uint32_t ranks_;
+  const std::uint32_t consumers_;
   std::mutex mutex_;
   std::map<std::pair<std::uint32_t, bool>, Entry> entries_;
   bool cancelled_ = false;
