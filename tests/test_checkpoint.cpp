@@ -38,6 +38,8 @@ Checkpoint sample_checkpoint(bool with_momentum) {
   c.step = 6543210987ull;
   c.epoch_step = 123;
   c.seed = 0xfedcba9876543210ull;
+  c.world = 6;
+  c.batch = 48;
   return c;
 }
 
@@ -114,6 +116,8 @@ TEST_F(CheckpointTest, RoundTripsParametersMomentumAndLoopState) {
     EXPECT_EQ(loaded.step, saved.step);
     EXPECT_EQ(loaded.epoch_step, saved.epoch_step);
     EXPECT_EQ(loaded.seed, saved.seed);
+    EXPECT_EQ(loaded.world, saved.world);
+    EXPECT_EQ(loaded.batch, saved.batch);
     EXPECT_EQ(entries(), std::vector<fs::path>{"model.safetensors"});
   }
 }
@@ -264,6 +268,9 @@ TEST_F(CheckpointTest, RejectsMismatchedTensors) {
       {[](Json& h, std::string&) { h["__metadata__"].erase("epoch"); }, "metadata has no 'epoch'"},
       {[](Json& h, std::string&) { h["__metadata__"]["epoch"] = 3; }, "not a map of strings"},
       {[](Json& h, std::string&) { h["__metadata__"]["epoch_step"] = "x"; }, "'epoch_step' is not"},
+      {[](Json& h, std::string&) { h["__metadata__"].erase("batch"); }, "metadata has no 'batch'"},
+      {[](Json& h, std::string&) { h["__metadata__"]["world"] = "0"; }, "'world' 0 and 'batch' 48 must be positive"},
+      {[](Json& h, std::string&) { h["__metadata__"]["batch"] = "4294967296"; }, "'batch' is not"},
       {[](Json&, std::string& d) { put_float(d, 5, std::numeric_limits<float>::quiet_NaN()); },
        "tensor 'conv1.weight' holds a non-finite value at element 5"},
       {[](Json& h, std::string& d) {
@@ -281,6 +288,7 @@ TEST_F(CheckpointTest, LoadsTheFileWrittenByPyTorch) {
   const Checkpoint c = load_checkpoint(testing::golden_dir() / "torch_init.safetensors");
   EXPECT_EQ(c.epoch, 0u);
   EXPECT_EQ(c.step, 0u);
+  EXPECT_EQ(c.world, 0u);  // no layout recorded
   EXPECT_EQ(c.seed, std::stoull(golden.meta("torch_seed")));
   EXPECT_TRUE(c.momentum.empty());
   const std::size_t stride = std::stoul(golden.meta("sample_stride"));
