@@ -110,7 +110,7 @@ TEST_F(CliReliability, TheFirstSignalsCheckpointFinishesOnOneRankBitwise) {
   resume.insert(resume.end(), {"--load", path.string()});
   const Outcome r = run_cli(resume);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("resuming a checkpoint of 2 ranks x 8 on 1 rank x 16: each rank computes 2 shards of 8 in turn"),
+  EXPECT_NE(r.out.find("resuming a checkpoint of 2 ranks x 8 on 1 rank x 16: its 2 shards of 8 computed 2 a rank"),
             std::string::npos)
       << r.out;
   EXPECT_EQ(slurp_binary(path), want) << o.out;

@@ -71,10 +71,10 @@ struct Place {
   int first_rank = 0;                    // the world rank of this process's rank 0
   int world = 0;                         // ranks in all; 0: this process's ranks
   double timeout_s = 0;                  // how long a setup exchange waits (0: no limit)
-  // Shards of the world's batch each rank computes in turn: the gradient allreduce adds
-  // every shard in world order, as a world of a rank per shard would
-  // (Communicator::allreduce_shards).
-  int shards = 1;
+  // The shards of the world's batch each of this process's ranks computes in turn (empty:
+  // one each; one process only): the gradient allreduce adds every shard in world order,
+  // as a world of a rank per shard would (Communicator::allreduce_shards).
+  std::vector<int> shards;
   int process() const { return processes ? processes->index() : 0; }
   int process_count() const { return processes ? processes->count() : 1; }
 };

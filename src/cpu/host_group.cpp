@@ -65,14 +65,22 @@ double reduce_chunk(std::span<float* const> in, Chunk chunk, std::span<float* co
 
 }  // namespace
 
-HostGroup::HostGroup(int size, std::shared_ptr<Processes> processes, int shards)
+HostGroup::HostGroup(int size, std::shared_ptr<Processes> processes, std::vector<int> shards)
     : size_(size),
       processes_(std::move(processes)),
       buffers_(size),
       host_buffers_(size),
       squares_(size),
-      shards_(shards),
-      parts_(static_cast<std::size_t>(size) * static_cast<std::size_t>(shards)) {}
+      first_part_(static_cast<std::size_t>(size) + 1, 0) {
+  if (!shards.empty() && shards.size() != static_cast<std::size_t>(size))
+    throw RuntimeFailure("shard counts for " + std::to_string(shards.size()) + " of " + std::to_string(size) + " ranks");
+  for (std::size_t r = 0; r < static_cast<std::size_t>(size); ++r) {
+    const int k = shards.empty() ? 1 : shards[r];
+    if (k < 1) throw RuntimeFailure("rank " + std::to_string(r) + " with " + std::to_string(k) + " shards");
+    first_part_[r + 1] = first_part_[r] + static_cast<std::size_t>(k);
+  }
+  parts_.resize(first_part_.back());
+}
 
 void HostGroup::refuse_across(const char* collective) const {
   if (across()) throw RuntimeFailure(std::string(collective) + " between processes is not supported (--mode dp runs in one process)");
@@ -136,14 +144,15 @@ bool HostGroup::aborted() const {
 // a reduce-scatter whose results land where the all-gather would copy them, without its
 // second pass over the data.
 double HostGroup::allreduce(int rank, std::span<float* const> parts, std::size_t count, ReduceOp op) {
-  const std::size_t k = parts.size();
-  if (k == 0 || k > static_cast<std::size_t>(shards_))
-    throw RuntimeFailure("an allreduce of " + std::to_string(k) + " buffers a rank in a group of at most " +
-                         std::to_string(shards_));
-  const std::size_t all = static_cast<std::size_t>(size_) * k;
+  const auto r = static_cast<std::size_t>(rank);
+  const std::size_t first = first_part_[r], k = first_part_[r + 1] - first;
+  if (parts.size() != k)
+    throw RuntimeFailure("rank " + std::to_string(rank) + " passed " + std::to_string(parts.size()) +
+                         " buffers to an allreduce of " + std::to_string(k) + " a rank");
+  const std::size_t all = parts_.size();
   double total = 0;
   collective([&] {
-    std::copy(parts.begin(), parts.end(), parts_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rank) * k));
+    std::copy(parts.begin(), parts.end(), parts_.begin() + static_cast<std::ptrdiff_t>(first));
     buffers_[rank] = parts.back();
     const std::span<float* const> in(parts_.data(), all);
     if (across()) {

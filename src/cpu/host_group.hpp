@@ -29,8 +29,8 @@ namespace mnist_mt::cpu {
 // the world's ranks. reduce, scatter and gather stay within one process.
 class HostGroup {
  public:
-  // `shards`: the most buffers a rank passes to allreduce() (Place::shards).
-  explicit HostGroup(int size, std::shared_ptr<Processes> processes = nullptr, int shards = 1);
+  // `shards`: the buffers each rank passes to allreduce() (Place::shards; empty: one each).
+  explicit HostGroup(int size, std::shared_ptr<Processes> processes = nullptr, std::vector<int> shards = {});
   int size() const { return size_; }  // this process's ranks
   // Every process's ranks.
   int world() const { return size_ * (processes_ ? processes_->count() : 1); }
@@ -47,9 +47,9 @@ class HostGroup {
   double allreduce(int rank, float* data, std::size_t count, ReduceOp op) {
     return allreduce(rank, std::span(&data, 1), count, op);
   }
-  // Each rank's `parts` (every rank as many, at most `shards`) added in world order, rank
-  // by rank and each rank's in their order, as if each part were a rank of its own (an
-  // average divides by every part of the world); the result lands in each rank's last.
+  // Each rank's `parts` (as many as its shards) added in world order, rank by rank and
+  // each rank's in their order, as if each part were a rank of its own (an average
+  // divides by every part of the world); the result lands in each rank's last.
   double allreduce(int rank, std::span<float* const> parts, std::size_t count, ReduceOp op);
   void broadcast(int rank, float* data, std::size_t count, int root);
   // The result lands in root's buffer only; root gets its sum of squares as allreduce
@@ -92,9 +92,10 @@ class HostGroup {
   std::vector<float*> buffers_;
   std::vector<const double*> host_buffers_;
   std::vector<double> squares_;  // allreduce: each rank's chunk's sum of squares, likewise
-  // allreduce(): rank r's k parts at parts_[r * k ..], in their order, likewise; its result
-  // goes to buffers_[r], the last of them.
-  const int shards_;
+  // allreduce(): rank r's parts at parts_[first_part_[r] .. first_part_[r + 1]), in their
+  // order, likewise; its result goes to buffers_[r], the last of them. A rank each when
+  // the group has no shards; else as many as its shards.
+  std::vector<std::size_t> first_part_;
   std::vector<float*> parts_;
 };
 

@@ -35,8 +35,9 @@ class DdpWorker {
         timer_(device_, rank, run.trace ? &*run.trace : nullptr),
         graphs_(device_, comm_),
         guard_(run.update_guard(comm_)),
-        batches_(static_cast<std::size_t>(run.shards())),
-        kept_(static_cast<std::size_t>(run.shards()) - 1) {}
+        first_shard_(run.first_shard(rank) - run.first_shard(0)),
+        batches_(run.shard_count(rank)),
+        kept_(run.shard_count(rank) - 1) {}
 
   void operator()() noexcept {
     try {
@@ -122,7 +123,7 @@ class DdpWorker {
   // This rank's shards' batches of the next step (Run::shards), in batches_.
   void next_batches(Loader& loader) {
     for (std::size_t s = 0; s < batches_.size(); ++s) {
-      batches_[s] = loader.next(static_cast<std::uint32_t>(static_cast<std::size_t>(rank_) * batches_.size() + s));
+      batches_[s] = loader.next(first_shard_ + static_cast<std::uint32_t>(s));
       if (batches_[s] == nullptr) throw Aborted("the loader was cancelled");
     }
   }
@@ -242,6 +243,8 @@ class DdpWorker {
   StepGraphs graphs_;  // after replica_: its recordings are released first
   const UpdateGuard guard_;
   std::optional<std::uint64_t> unread_;  // the snapshot the next read() reads
+  // This rank's first shard as the loader numbers them: from this process's first.
+  const std::uint32_t first_shard_;
   std::vector<const Batch*> batches_;   // the step's batch of each of the rank's shards
   std::vector<float*> kept_;            // the gradients of each shard but the last (Replica::keep_grads)
 };

@@ -88,7 +88,7 @@ std::string ranks_text(std::uint64_t ranks, std::uint64_t batch) {
 // did when it resumes one of the same global batch made by a multiple of its ranks, and
 // a shard of the configured batch a rank otherwise.
 ShardLayout layout_of(const TrainConfig& config, const Place& place, const Checkpoint& start, const Backend& backend) {
-  ShardLayout layout{1, config.batch, ""};
+  ShardLayout layout{static_cast<std::uint32_t>(place.world), config.batch, ""};
   // Nothing to match: a fresh run, one with no step left (evaluation), a file without it.
   if (!config.load || config.epochs <= start.epoch || start.world == 0) return layout;
   const auto world = static_cast<std::uint32_t>(place.world);
@@ -108,26 +108,22 @@ ShardLayout layout_of(const TrainConfig& config, const Place& place, const Check
   const std::string why = config.mode != Mode::kDdp     ? "--mode dp"
                           : !backend.sums_shards()      ? backend.name() + " devices"
                           : place.process_count() > 1   ? "several processes"
-                          : start.world % world != 0    ? std::to_string(world) + " ranks do not divide " +
-                                                            std::to_string(start.world)
+                          : world > start.world         ? "more ranks than its"
                                                         : "";
   const std::string resuming = "resuming a checkpoint of " + theirs + " on " + ours + ": ";
   if (!why.empty()) {
     layout.note = resuming + "the same steps, their sums rounded otherwise (within 1e-5, not bit for bit: " + why + ")";
     return layout;
   }
-  layout.shards = static_cast<int>(start.world / world);
+  layout.shards = start.world;
   layout.batch = start.batch;
-  layout.note = resuming + "each rank computes " + std::to_string(layout.shards) + " shards of " +
-                std::to_string(layout.batch) + " in turn, summed as the " + std::to_string(start.world) +
-                " ranks summed them: bit for bit their run";
+  const std::uint32_t fewest = start.world / world, most = fewest + (start.world % world != 0 ? 1 : 0);
+  layout.note = resuming + "its " + std::to_string(start.world) + " shards of " + std::to_string(start.batch) +
+                " computed " + std::to_string(fewest) + (most != fewest ? " or " + std::to_string(most) : "") +
+                " a rank, in turn, and summed in its order: bit for bit its run";
   return layout;
 }
 
-Place with_shards(Place place, int shards) {
-  place.shards = shards;
-  return place;
-}
 
 std::vector<std::unique_ptr<Communicator>> communicators(Backend& backend,
                                                          const std::vector<std::unique_ptr<Device>>& devices,
@@ -178,7 +174,7 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
       start(starting_point(config, data, place.world)),
       layout(layout_of(config, place, start, backend)),
       devices(backend.make_devices(config.devices)),
-      comms(communicators(backend, devices, with_shards(place, layout.shards))),
+      comms(communicators(backend, devices, sharded_place())),
       loaders(data, train_shards(), test_shards(), start.seed, static_cast<std::uint32_t>(devices.size())),
       progress(config.progress, std::uint64_t{config.batch} * static_cast<std::uint64_t>(place.world)),
       saver_(config.keep),
@@ -260,10 +256,24 @@ std::uint32_t Run::steps_in_epoch(std::uint32_t loader_steps) const {
   return config.max_steps > 0 ? std::min(loader_steps, config.max_steps) : loader_steps;
 }
 
+// Global rank g's block starts at g * (S / W) + min(g, S % W): the first S % W ranks take
+// one shard more. With a shard a rank, shard g.
+std::uint32_t Run::first_shard(int rank) const {
+  const auto g = static_cast<std::uint32_t>(global(rank)), w = static_cast<std::uint32_t>(world());
+  return g * (shards() / w) + std::min(g, shards() % w);
+}
+
+Place Run::sharded_place() const {
+  Place p = place;
+  if (shards() != static_cast<std::uint32_t>(world())) {
+    for (int r = 0; r < static_cast<int>(config.devices.size()); ++r) p.shards.push_back(static_cast<int>(shard_count(r)));
+  }
+  return p;
+}
+
 SharedLoaders::Shards Run::train_shards() const {
-  const auto s = static_cast<std::uint32_t>(shards());
-  return {static_cast<std::uint32_t>(world()) * s, shard_batch(), static_cast<std::uint32_t>(place.first_rank) * s,
-          static_cast<std::uint32_t>(config.devices.size()) * s};
+  const auto ranks = static_cast<int>(config.devices.size());
+  return {shards(), shard_batch(), first_shard(0), first_shard(ranks) - first_shard(0)};
 }
 
 // Evaluation sums nothing across ranks but its counts: a shard a rank, of the replica's batch.
@@ -401,7 +411,7 @@ void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, 
   checkpoint.epoch_step = epoch_step;
   checkpoint.step = step;
   checkpoint.seed = start.seed;
-  checkpoint.world = static_cast<std::uint32_t>(world() * shards());
+  checkpoint.world = shards();
   checkpoint.batch = shard_batch();
   saver_.save(path, checkpoint);
 }

@@ -50,11 +50,12 @@ constexpr std::uint64_t kReadEvery = 16;
 
 // How a run's ranks compute the world's batch. Normally a shard of it each, of the
 // configured batch. A DDP run on CPU devices in one process that resumes a checkpoint
-// made by a multiple of its ranks, with the same global batch, computes that run's shards
-// instead, `shards` of `batch` images a rank, in turn, and sums their gradients in that
-// world's order: its weights are that run's, bit for bit.
+// made by more ranks, with the same global batch, computes that run's shards instead:
+// `shards` of `batch` images, in blocks of consecutive shards, as even as they go, each
+// rank its block in turn; the gradients are summed in shard order, so its weights are
+// that run's, bit for bit.
 struct ShardLayout {
-  int shards = 1;
+  std::uint32_t shards = 0;  // the world's
   std::uint32_t batch = 0;
   std::string note;  // for the progress stream when resuming under another rank count
 };
@@ -69,9 +70,12 @@ class Run {
   // This process's ranks, and the world's (every process's).
   int ranks() const { return static_cast<int>(devices.size()); }
   int world() const { return place.world; }
-  // Each rank's shards of the world's batch, and the images of each.
-  int shards() const { return layout.shards; }
+  // The world's shards of its batch, the images of each, and this process's rank
+  // `rank`'s: from first_shard(rank), shard_count(rank) of them.
+  std::uint32_t shards() const { return layout.shards; }
   std::uint32_t shard_batch() const { return layout.batch; }
+  std::uint32_t first_shard(int rank) const;
+  std::uint32_t shard_count(int rank) const { return first_shard(rank + 1) - first_shard(rank); }
   // The world rank of this process's rank `rank`.
   int global(int rank) const { return place.first_rank + rank; }
   std::uint32_t last_epoch() const { return config.epochs; }
@@ -159,6 +163,8 @@ class Run {
   // one step past the furthest any rank has started: hosts run ahead of their devices,
   // and so of each other, but none past a step that every rank will start.
   bool stop_before(int rank, std::uint64_t step);
+  // The place for the communicators: each rank's shard count, when not one each.
+  Place sharded_place() const;
   // The loaders' shards: training's by the layout, evaluation's a rank each.
   SharedLoaders::Shards train_shards() const;
   SharedLoaders::Shards test_shards() const;
