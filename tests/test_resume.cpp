@@ -138,8 +138,8 @@ TEST_F(ResumeTest, FewerRanksResumeTheCheckpointsShardsBitwise) {
   c.save_every = 3;
   c.keep = 100;
   run(c);
-  for (const auto& [ranks, batch, each] :
-       {std::tuple{3, 4u, std::string("1 or 2")}, std::tuple{2, 6u, std::string("2")}, std::tuple{1, 12u, std::string("4")}}) {
+  for (const auto& [ranks, batch, each] : {std::tuple{3, 4u, std::string("1 or 2")},
+                                           std::tuple{2, 6u, std::string("2")}, std::tuple{1, 12u, std::string("4")}}) {
     const std::uint32_t step = 3 * std::uniform_int_distribution<std::uint32_t>(1, 13)(rng_);
     SCOPED_TRACE(testing::Message() << ranks << " ranks x " << batch << " from step " << step);
     TrainConfig resume = on(ranks, batch);

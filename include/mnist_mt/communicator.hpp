@@ -22,9 +22,10 @@ class Communicator {
 
   virtual void allreduce(float* data, std::size_t count, ReduceOp op) = 0;
   // A rank that computes several shards of the world's batch in turn (Place::shards):
-  // `shards` are its shards' buffers in shard order, as many as Place::shards gave it; the result, as
-  // allreduce() in a world of a rank per shard computes it (an average divides by the
-  // shards), lands in the last. Communicators made without shards take one buffer.
+  // `shards` are its shards' buffers in shard order, as many as Place::shards gave it;
+  // the result, as allreduce() in a world of a rank per shard computes it (an average
+  // divides by the world's shards), lands in the last. Communicators made without
+  // shards take one buffer.
   virtual void allreduce_shards(std::span<float* const> shards, std::size_t count, ReduceOp op) {
     if (shards.size() != 1)
       throw RuntimeFailure("an allreduce of " + std::to_string(shards.size()) +

@@ -17,8 +17,9 @@ namespace mnist_mt::cpu {
 // order 0..W-1 whatever the count or chunking (across processes: each process's sum, in
 // process order), so results are bitwise reproducible; an average is that sum divided
 // by W. With place.shards, allreduce_shards() adds each rank's shards in turn, as a
-// world of a rank per shard would, and divides by the world's shards. allreduce_host() blocks its caller until every rank has called it, so one
-// thread cannot drive several ranks through it.
+// world of a rank per shard would, and divides by the world's shards. allreduce_host()
+// blocks its caller until every rank has called it, so one thread cannot drive several
+// ranks through it.
 std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CpuDevice* const> devices,
                                                               const Place& place = {});
 

@@ -73,7 +73,8 @@ HostGroup::HostGroup(int size, std::shared_ptr<Processes> processes, std::vector
       squares_(size),
       first_part_(static_cast<std::size_t>(size) + 1, 0) {
   if (!shards.empty() && shards.size() != static_cast<std::size_t>(size))
-    throw RuntimeFailure("shard counts for " + std::to_string(shards.size()) + " of " + std::to_string(size) + " ranks");
+    throw RuntimeFailure("shard counts for " + std::to_string(shards.size()) + " of " + std::to_string(size) +
+                         " ranks");
   for (std::size_t r = 0; r < static_cast<std::size_t>(size); ++r) {
     const int k = shards.empty() ? 1 : shards[r];
     if (k < 1) throw RuntimeFailure("rank " + std::to_string(r) + " with " + std::to_string(k) + " shards");

@@ -180,7 +180,8 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
       saver_(config.keep),
       started_(devices.size(), 0) {
   // World rank 0's process writes the files and speaks.
-  if (!layout.note.empty() && config.progress != nullptr && place.process() == 0) *config.progress << layout.note << "\n";
+  if (!layout.note.empty() && config.progress != nullptr && place.process() == 0)
+    *config.progress << layout.note << "\n";
   if (config.metrics && place.process() == 0) metrics_.emplace(*config.metrics);
   if (config.trace && place.process() == 0) trace.emplace(*config.trace, start.step, config.trace_steps);
   Watchdog::Hooks hooks;
@@ -266,7 +267,8 @@ std::uint32_t Run::first_shard(int rank) const {
 Place Run::sharded_place() const {
   Place p = place;
   if (shards() != static_cast<std::uint32_t>(world())) {
-    for (int r = 0; r < static_cast<int>(config.devices.size()); ++r) p.shards.push_back(static_cast<int>(shard_count(r)));
+    for (int r = 0; r < static_cast<int>(config.devices.size()); ++r)
+      p.shards.push_back(static_cast<int>(shard_count(r)));
   }
   return p;
 }
