@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
@@ -23,13 +24,16 @@ namespace {
 using namespace std::chrono_literals;
 
 struct Group : float_buffers::Ranks {
-  explicit Group(int world) {
+  // `shards`: each rank's (Place::shards), or none.
+  explicit Group(int world, std::vector<int> shards = {}) {
     std::vector<CpuDevice*> raw;
     for (int r = 0; r < world; ++r) {
       devices.push_back(std::make_unique<CpuDevice>(r));
       raw.push_back(devices.back().get());
     }
-    comms = make_communicators(raw);
+    Place place;
+    place.shards = std::move(shards);
+    comms = make_communicators(raw, place);
   }
   int world() const { return static_cast<int>(devices.size()); }
 };
@@ -101,6 +105,45 @@ TEST(Communicator, AllreduceIsBitwiseTheSameWhateverTheBucketing) {
       for (int r = 0; r < world; ++r) EXPECT_TRUE(bitwise_equal(buffers[r], expected)) << "rank " << r;
     }
   }
+}
+
+// Ranks that compute several shards each (a resumed run on fewer ranks) pass a buffer a
+// shard: the result, in each rank's last, is the rank-order sum of a rank per shard, bit for
+// bit, as even and uneven blocks go; a rank passing another count fails the collective and
+// releases its peers.
+TEST(Communicator, AllreduceOfShardsEqualsARankPerShardBitwise) {
+  constexpr std::size_t kCount = 5'003;
+  for (const std::vector<int>& shards : {std::vector<int>{2, 1, 1}, {2, 2}, {4}, {1, 3}, {3, 2, 1}}) {
+    const int total = std::accumulate(shards.begin(), shards.end(), 0);
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      SCOPED_TRACE(testing::Message() << shards.size() << " ranks, " << total << " shards, op " << int(op));
+      auto buffers = random_buffers(total, kCount, 11 + total);
+      const auto expected = rank_order_sum(buffers, op == ReduceOp::kAverage);
+      Group g(static_cast<int>(shards.size()), shards);
+      int next = 0;
+      std::vector<int> last;
+      for (std::size_t r = 0; r < shards.size(); ++r) {
+        std::vector<float*> parts;
+        for (int s = 0; s < shards[r]; ++s) parts.push_back(buffers[static_cast<std::size_t>(next++)].data());
+        last.push_back(next - 1);
+        g.comms[r]->allreduce_shards(parts, kCount, op);
+      }
+      g.synchronize();
+      for (std::size_t r = 0; r < shards.size(); ++r)
+        EXPECT_TRUE(bitwise_equal(buffers[static_cast<std::size_t>(last[r])], expected)) << "rank " << r;
+    }
+  }
+  Group g(2, {2, 1});
+  std::vector<float> a(8), c(8);
+  g.comms[0]->allreduce_shards(std::vector<float*>{a.data()}, 8, ReduceOp::kSum);
+  g.comms[1]->allreduce_shards(std::vector<float*>{c.data()}, 8, ReduceOp::kSum);
+  try {
+    g.devices[0]->synchronize();
+    ADD_FAILURE() << "one buffer for two shards was taken";
+  } catch (const RuntimeFailure& e) {
+    EXPECT_STREQ(e.what(), "rank 0 passed 1 buffers to an allreduce of its 2 shards");
+  }
+  EXPECT_THROW(g.devices[1]->synchronize(), Aborted);
 }
 
 // The reduced values' sum of squares (the step's gradient norm): the same bits on every

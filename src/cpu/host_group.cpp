@@ -147,12 +147,13 @@ bool HostGroup::aborted() const {
 double HostGroup::allreduce(int rank, std::span<float* const> parts, std::size_t count, ReduceOp op) {
   const auto r = static_cast<std::size_t>(rank);
   const std::size_t first = first_part_[r], k = first_part_[r + 1] - first;
-  if (parts.size() != k)
-    throw RuntimeFailure("rank " + std::to_string(rank) + " passed " + std::to_string(parts.size()) +
-                         " buffers to an allreduce of " + std::to_string(k) + " a rank");
   const std::size_t all = parts_.size();
   double total = 0;
   collective([&] {
+    // Inside, so that the peers are released.
+    if (parts.size() != k)
+      throw RuntimeFailure("rank " + std::to_string(rank) + " passed " + std::to_string(parts.size()) +
+                           " buffers to an allreduce of its " + std::to_string(k) + " shards");
     std::copy(parts.begin(), parts.end(), parts_.begin() + static_cast<std::ptrdiff_t>(first));
     buffers_[rank] = parts.back();
     const std::span<float* const> in(parts_.data(), all);
