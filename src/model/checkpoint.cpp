@@ -206,7 +206,7 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
   // Files from before mid-epoch checkpoints hold epoch ends only.
   if (metadata->contains("epoch_step"))
     checkpoint.epoch_step = metadata_number<std::uint32_t>(path, *metadata, "epoch_step");
-  // Nor the layout before resumes under another rank count were made exact.
+  // Nor the layout, in files from before it was recorded.
   if (metadata->contains("world") || metadata->contains("batch")) {
     checkpoint.world = metadata_number<std::uint32_t>(path, *metadata, "world");
     checkpoint.batch = metadata_number<std::uint32_t>(path, *metadata, "batch");
