@@ -19,6 +19,9 @@
 # backend, judged by saved checkpoints), PyTorch on the same GPU taking the same 200
 # steps from the same weights (step_trace + torch_compare.py, TF32 off), one epoch of
 # training, a worker fault (exit 3, no hang), and the step and allreduce benchmarks.
+# The checks of one rank a GPU run first, those of ranks sharing one GPU last. A check
+# still running at its limit has each thread's stack written to the log (cuda-gdb), then
+# is killed; the suite stops starting checks after SUITE_SECONDS (540).
 # On a GPU host a skipped test is a failure. Writes to $OUT: summary.txt (date, GPU,
 # a verdict per check), suite.log (every check's output), gtest.json, torch_compare.json,
 # train_gpu.jsonl, bench_step.json, bench_allreduce.json. Ends with the line
@@ -104,6 +107,9 @@ done
 export LD_LIBRARY_PATH=$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 bin=$work/bin
 
+# The whole suite's seconds (SUITE_SECONDS, default 540): a check that would run past them
+# is cut short, and those after it are not run (each a failure).
+budget=${SUITE_SECONDS:-540}
 passed=0 failed=0 skipped=0
 record() {  # record NAME VERDICT DETAIL: PASS, FAIL, SKIP (a failure here too) or N/A
   printf '%-20s %-6s %s\n' "$1" "$2" "$3" | tee -a "$summary"
@@ -113,13 +119,52 @@ record() {  # record NAME VERDICT DETAIL: PASS, FAIL, SKIP (a failure here too) 
     FAIL) failed=$((failed + 1)) ;;
   esac
 }
-# run_logged NAME SECONDS COMMAND...: the command's output goes to the log; sets $code, $took.
+# What a process still running at its limit is doing, into the log: each thread's kernel
+# wait channel, and every thread's stack from cuda-gdb (that image's only debugger),
+# attached for at most 60 s.
+dump_stacks() {
+  local pid=$1 task
+  for task in /proc/"$pid"/task/*; do
+    echo "thread ${task##*/} $(cat "$task/comm" 2>/dev/null): waits in $(cat "$task/wchan" 2>/dev/null)"
+  done >>"$log"
+  if [ $((budget - SECONDS)) -lt 70 ]; then
+    echo "(no stacks: the suite's time is nearly spent)" >>"$log"
+  elif command -v cuda-gdb >/dev/null; then
+    timeout --kill-after=5 60 cuda-gdb -q -p "$pid" -batch -ex "set pagination off" -ex "thread apply all bt" \
+      </dev/null >>"$log" 2>&1
+  else
+    echo "(no cuda-gdb: no stacks)" >>"$log"
+  fi
+}
+
+# run_logged NAME SECONDS COMMAND...: the command's output goes to the log; sets $code
+# (124 when it ran past SECONDS: its stacks are logged, then it is killed; 125 when the
+# suite's time was spent before it could start) and $took. SECONDS shrinks to what is left.
 run_logged() {
-  local name=$1 limit=$2 start=$SECONDS
+  local name=$1 limit=$2 start=$SECONDS pid
   shift 2
+  local left=$((budget - SECONDS))
+  if [ "$left" -lt 10 ]; then
+    echo "=== $name: not run: the suite's ${budget}s are spent" >>"$log"
+    code=125 took=0
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   echo "=== $name: $*" >>"$log"
-  timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
-  code=$? took=$((SECONDS - start))
+  "$@" >>"$log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - start)) -lt "$limit" ]; do sleep 0.2; done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "=== $name: still running after ${limit}s; its threads:" >>"$log"
+    dump_stacks "$pid"
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    code=124
+  else
+    wait "$pid"
+    code=$?
+  fi
+  took=$((SECONDS - start))
   echo "=== $name: exit $code after ${took}s" >>"$log"
 }
 
@@ -133,26 +178,27 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 cat "$summary"
 
 # GPU test binaries: exit 77 means no GPU was found; a test skipped inside is a skip.
-for t in test_cuda_comm:60 test_cuda_replica:80 test_cuda_trainer:100 test_cuda_kernels:60; do
-  name=${t%%:*} limit=${t##*:}
-  if [ ! -x "$bin/$name" ]; then record "$name" FAIL "not in the bundle"; continue; fi
-  run_logged "$name" "$limit" "$bin/$name" --gtest_output="json:$work/$name.json"
-  inside=$(grep -c '"result": "SKIPPED"' "$work/$name.json" 2>/dev/null)
+# gtest BINARY PART SECONDS [FILTER]: one binary's tests (those of FILTER), as check
+# "BINARY[PART]". Ranks sharing one GPU (staged through host memory) come last: on the
+# last GPU host they hung, so the checks of one rank a GPU go first.
+gtest() {
+  local binary=$1 part=$2 limit=$3 filter=${4:-*} name="$1[$2]"
+  if [ ! -x "$bin/$binary" ]; then record "$name" FAIL "not in the bundle"; return; fi
+  run_logged "$name" "$limit" "$bin/$binary" --gtest_filter="$filter" --gtest_output="json:$work/$binary.$part.json"
+  local inside
+  inside=$(grep -c '"result": "SKIPPED"' "$work/$binary.$part.json" 2>/dev/null)
   if [ "$code" = 77 ]; then record "$name" SKIP "exit 77: no CUDA device seen"
+  elif [ "$code" = 125 ]; then record "$name" FAIL "not run: the suite's ${budget}s were spent"
+  elif [ "$code" = 124 ]; then record "$name" FAIL "still running after ${took}s: stacks in suite.log"
   elif [ "$code" != 0 ]; then record "$name" FAIL "exit $code after ${took}s"
   elif [ "${inside:-0}" != 0 ]; then record "$name" SKIP "$inside tests skipped"
   else record "$name" PASS "${took}s"; fi
-done
-python3 - "$out/gtest.json" "$work"/test_cuda_*.json <<'PY' 2>>"$log"
-import json, sys
-merged = {}
-for path in sys.argv[2:]:
-    try:
-        merged[path.rsplit("/", 1)[-1][:-5]] = json.load(open(path))
-    except (OSError, ValueError) as e:
-        merged[path] = str(e)
-json.dump(merged, open(sys.argv[1], "w"))
-PY
+}
+shared_trainer='CudaTrainer.RanksSharingTheGpu*:CudaTrainer.AFailingRankAmongPeers*:CudaTrainer.ResumingWithPeers*'
+gtest test_cuda_kernels all 45
+gtest test_cuda_replica all 60
+gtest test_cuda_trainer one-rank 70 "-$shared_trainer"
+gtest test_cuda_comm all-but-one-thread-shared 40 '-*OneThreadDrivesEveryRank/SharedGpu'
 
 # PyTorch on the same GPU takes the steps mnist_mt took: gradients, then the loss curve.
 run_logged step_trace 40 "$bin/step_trace" --backend cuda --data "$data_dir" --out "$work/trace" --steps 200
@@ -190,6 +236,20 @@ if [ "$gpus" -ge 2 ]; then
 else
   record bench_allreduce N/A "one GPU: NCCL's allreduce needs two"
 fi
+
+# Ranks sharing one GPU, last.
+gtest test_cuda_trainer shared-gpu 45 "$shared_trainer"
+gtest test_cuda_comm one-thread-shared 15 '*OneThreadDrivesEveryRank/SharedGpu'
+python3 - "$out/gtest.json" "$work"/test_cuda_*.json <<'PY' 2>>"$log"
+import json, sys
+merged = {}
+for path in sys.argv[2:]:
+    try:
+        merged[path.rsplit("/", 1)[-1][:-5]] = json.load(open(path))
+    except (OSError, ValueError) as e:
+        merged[path] = str(e)
+json.dump(merged, open(sys.argv[1], "w"))
+PY
 
 echo "$passed passed, $failed failed, $skipped skipped" | tee -a "$summary"
 [ "$failed" -eq 0 ]
