@@ -47,6 +47,22 @@ class ResumeTest : public testing::Test {
     return c;
   }
 
+  // Runs `c` with a stop request (signal `signal`) at a random moment of `took`, the
+  // uninterrupted run's time, again sooner while the run ends before it; its result.
+  TrainResult stopped_at_random(TrainConfig c, std::chrono::steady_clock::duration took, int signal) {
+    std::optional<TrainResult> stopped;
+    for (int attempt = 0; attempt < 8 && !(stopped && stopped->interrupted); ++attempt) {
+      StopRequest stop;
+      c.stop = &stop;
+      std::jthread signaller([&, delay = std::uniform_real_distribution<double>(0, 1)(rng_) * took / (attempt + 1)] {
+        std::this_thread::sleep_for(delay);
+        stop.stop(signal);
+      });
+      stopped = run(c);
+    }
+    return *stopped;
+  }
+
   std::size_t files() const {
     return static_cast<std::size_t>(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()));
   }
@@ -99,19 +115,10 @@ TEST_F(ResumeTest, AStopAtARandomTimeResumesToTheUninterruptedWeightsBitwise) {
     const auto begin = std::chrono::steady_clock::now();
     const TrainResult straight = run(c);
     const auto took = std::chrono::steady_clock::now() - begin;
-    std::optional<TrainResult> stopped;
-    for (int attempt = 0; attempt < 8 && !(stopped && stopped->interrupted); ++attempt) {
-      StopRequest stop;
-      c.stop = &stop;
-      c.interrupt_save = dir_ / "stopped.safetensors";
-      std::jthread signaller([&, delay = std::uniform_real_distribution<double>(0, 1)(rng_) * took / (attempt + 1)] {
-        std::this_thread::sleep_for(delay);
-        stop.stop(2);
-      });
-      stopped = run(c);
-    }
-    ASSERT_TRUE(stopped && stopped->interrupted) << "the run always ended before the stop";
-    const Interruption& at = *stopped->interrupted;
+    c.interrupt_save = dir_ / "stopped.safetensors";
+    const TrainResult stopped = stopped_at_random(c, took, 2);
+    ASSERT_TRUE(stopped.interrupted) << "the run always ended before the stop";
+    const Interruption& at = *stopped.interrupted;
     EXPECT_EQ(at.checkpoint, dir_ / "stopped.safetensors");
     EXPECT_EQ(at.epoch * 20 + at.epoch_step, at.step);
     TrainConfig resume = two_epochs(mode);
@@ -162,24 +169,15 @@ TEST_F(ResumeTest, FewerRanksResumeTheCheckpointsShardsBitwise) {
   const auto begin = std::chrono::steady_clock::now();
   const TrainResult whole = run(two);
   const auto took = std::chrono::steady_clock::now() - begin;
-  std::optional<TrainResult> stopped;
-  for (int attempt = 0; attempt < 8 && !(stopped && stopped->interrupted); ++attempt) {
-    StopRequest stop;
-    two.stop = &stop;
-    std::jthread signaller([&, delay = std::uniform_real_distribution<double>(0, 1)(rng_) * took / (attempt + 1)] {
-      std::this_thread::sleep_for(delay);
-      stop.stop(15);
-    });
-    stopped = run(two);
-  }
-  ASSERT_TRUE(stopped && stopped->interrupted) << "the run always ended before the stop";
-  const Checkpoint kept = load_checkpoint(stopped->interrupted->checkpoint);
+  const TrainResult stopped = stopped_at_random(two, took, 15);
+  ASSERT_TRUE(stopped.interrupted) << "the run always ended before the stop";
+  const Checkpoint kept = load_checkpoint(stopped.interrupted->checkpoint);
   EXPECT_EQ(kept.world, 4u);
   EXPECT_EQ(kept.batch, 3u);
   EXPECT_EQ(whole.params, straight.params);
   TrainConfig back = on(4, 3);
-  back.load = stopped->interrupted->checkpoint;
-  EXPECT_EQ(run(back).params, straight.params) << "stopped at step " << stopped->interrupted->step;
+  back.load = stopped.interrupted->checkpoint;
+  EXPECT_EQ(run(back).params, straight.params) << "stopped at step " << stopped.interrupted->step;
 }
 
 // More ranks than the checkpoint's cannot compute its shards: the same steps, summed in
