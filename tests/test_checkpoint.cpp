@@ -40,6 +40,7 @@ Checkpoint sample_checkpoint(bool with_momentum) {
   c.seed = 0xfedcba9876543210ull;
   c.world = 6;
   c.batch = 48;
+  c.shard_order = true;
   return c;
 }
 
@@ -118,6 +119,7 @@ TEST_F(CheckpointTest, RoundTripsParametersMomentumAndLoopState) {
     EXPECT_EQ(loaded.seed, saved.seed);
     EXPECT_EQ(loaded.world, saved.world);
     EXPECT_EQ(loaded.batch, saved.batch);
+    EXPECT_EQ(loaded.shard_order, saved.shard_order);
     EXPECT_EQ(entries(), std::vector<fs::path>{"model.safetensors"});
   }
 }
@@ -271,6 +273,7 @@ TEST_F(CheckpointTest, RejectsMismatchedTensors) {
       {[](Json& h, std::string&) { h["__metadata__"].erase("batch"); }, "metadata has no 'batch'"},
       {[](Json& h, std::string&) { h["__metadata__"]["world"] = "0"; }, "'world' 0 and 'batch' 48 must be positive"},
       {[](Json& h, std::string&) { h["__metadata__"]["batch"] = "4294967296"; }, "'batch' is not"},
+      {[](Json& h, std::string&) { h["__metadata__"]["sum_order"] = "ranks"; }, "'sum_order' is \"ranks\", not"},
       {[](Json&, std::string& d) { put_float(d, 5, std::numeric_limits<float>::quiet_NaN()); },
        "tensor 'conv1.weight' holds a non-finite value at element 5"},
       {[](Json& h, std::string& d) {
@@ -289,6 +292,7 @@ TEST_F(CheckpointTest, LoadsTheFileWrittenByPyTorch) {
   EXPECT_EQ(c.epoch, 0u);
   EXPECT_EQ(c.step, 0u);
   EXPECT_EQ(c.world, 0u);  // no layout recorded
+  EXPECT_FALSE(c.shard_order);
   EXPECT_EQ(c.seed, std::stoull(golden.meta("torch_seed")));
   EXPECT_TRUE(c.momentum.empty());
   const std::size_t stride = std::stoul(golden.meta("sample_stride"));

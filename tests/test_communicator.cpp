@@ -141,7 +141,7 @@ TEST(Communicator, AllreduceOfShardsEqualsARankPerShardBitwise) {
     g.devices[0]->synchronize();
     ADD_FAILURE() << "one buffer for two shards was taken";
   } catch (const RuntimeFailure& e) {
-    EXPECT_STREQ(e.what(), "rank 0 passed 1 buffers to an allreduce of its 2 shards");
+    EXPECT_STREQ(e.what(), "rank 0: an allreduce of 1 buffer for its 2 shards");
   }
   EXPECT_THROW(g.devices[1]->synchronize(), Aborted);
 }

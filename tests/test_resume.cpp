@@ -162,6 +162,11 @@ TEST_F(ResumeTest, FewerRanksResumeTheCheckpointsShardsBitwise) {
         << said.str();
   }
 
+  // From an epoch's end too.
+  TrainConfig from_end = on(2, 6);
+  from_end.load = numbered_checkpoint(*c.save, 20);
+  EXPECT_EQ(run(from_end).params, straight.params) << "from the end of epoch 1";
+
   // Stopped on 3 ranks, resumed on the 4 it started with.
   TrainConfig two = on(3, 4);
   two.load = numbered_checkpoint(*c.save, 6);
@@ -197,13 +202,40 @@ TEST_F(ResumeTest, MoreRanksResumeTheSameStepsWithinRounding) {
   resume.progress = &said;
   EXPECT_LE(relative_difference(run(resume).params, straight.params), 1e-5);
   EXPECT_NE(said.str().find("resuming a checkpoint of 1 rank x 16 on 2 ranks x 8: the same steps, their sums rounded "
-                            "otherwise (within 1e-5, not bit for bit: more ranks than its)"),
+                            "otherwise (not bit for bit: more ranks than its)"),
+            std::string::npos)
+      << said.str();
+}
+
+// Only a checkpoint whose gradients were added shard by shard in world order (DDP on CPU
+// devices) is resumed as shards: one of --mode dp, whose loss and sums are the global
+// batch's, takes the same steps on fewer ranks with sums rounded otherwise, and says so.
+TEST_F(ResumeTest, OnlyShardOrderedSumsResumeAsShards) {
+  TrainConfig c = config_for(2, 8);
+  c.epochs = 2;
+  c.save = dir_ / "ddp.safetensors";
+  c.save_every = 25;
+  c.keep = 100;
+  run(c);
+  EXPECT_TRUE(load_checkpoint(numbered_checkpoint(*c.save, 25)).shard_order);
+  c.mode = Mode::kDp;
+  c.save = dir_ / "dp.safetensors";
+  const TrainResult straight = run(c);
+  EXPECT_FALSE(load_checkpoint(numbered_checkpoint(*c.save, 25)).shard_order);
+  TrainConfig resume = config_for(1, 16);
+  resume.epochs = 2;
+  resume.load = numbered_checkpoint(*c.save, 25);
+  std::ostringstream said;
+  resume.progress = &said;
+  EXPECT_LE(relative_difference(run(resume).params, straight.params), 1e-5);
+  EXPECT_NE(said.str().find("mnist_mt: resuming a checkpoint of 2 ranks x 8 on 1 rank x 16: the same steps, their sums "
+                            "rounded otherwise (not bit for bit: its sums were not added shard by shard)"),
             std::string::npos)
       << said.str();
 }
 
 // A position in an epoch counts steps of the checkpoint's global batch: another global
-// batch is refused there, and taken at an epoch's end.
+// batch is refused there, and taken at an epoch's end; a file that does not say goes on.
 TEST_F(ResumeTest, AMidEpochCheckpointRefusesAnotherGlobalBatch) {
   TrainConfig c = config_for(2, 8);
   c.epochs = 2;
@@ -219,12 +251,27 @@ TEST_F(ResumeTest, AMidEpochCheckpointRefusesAnotherGlobalBatch) {
     ADD_FAILURE() << "another global batch resumed mid-epoch";
   } catch (const InputError& e) {
     EXPECT_EQ(e.input(), "load");
-    EXPECT_STREQ(e.what(),
-                 "the checkpoint stopped after step 5 of epoch 1 with a global batch of 16 images (2 ranks x 8), this "
-                 "run's is 8 (2 ranks x 4): resume it with the same global batch");
+    EXPECT_EQ(e.what(), resume.load->string() +
+                            " stopped after step 5 of epoch 1 with a global batch of 16 images (2 ranks x 8), this "
+                            "run's is 8 (2 ranks x 4): resume it with the same global batch");
   }
   resume.load = numbered_checkpoint(*c.save, 20);  // the end of epoch 1
   EXPECT_EQ(run(resume).epochs.size(), 1u);
+
+  // A file from before the layout was recorded goes on, and says what it assumes.
+  Checkpoint old = load_checkpoint(numbered_checkpoint(*c.save, 5));
+  old.world = old.batch = 0;
+  old.shard_order = false;
+  resume.load = dir_ / "old.safetensors";
+  save_checkpoint(*resume.load, old);
+  std::ostringstream said;
+  resume.progress = &said;
+  EXPECT_EQ(run(resume).epochs.size(), 2u);
+  EXPECT_NE(said.str().find("mnist_mt: " + resume.load->string() +
+                            " does not record its global batch: its position, step 5 of epoch 1, is taken in steps of "
+                            "this run's"),
+            std::string::npos)
+      << said.str();
 }
 
 TEST_F(ResumeTest, AnAbortRequestReleasesEveryRankAndThrowsInterrupted) {

@@ -20,6 +20,10 @@ struct Checkpoint {
   // from before these fields).
   std::uint32_t world = 0;
   std::uint32_t batch = 0;
+  // Whether its run added the gradients shard by shard in world order (DDP on CPU
+  // devices, in one process or with a rank a process), so that a run of fewer ranks can
+  // repeat its sums bit for bit.
+  bool shard_order = false;
   std::uint64_t global_batch() const { return std::uint64_t{world} * batch; }
 };
 

@@ -152,8 +152,8 @@ double HostGroup::allreduce(int rank, std::span<float* const> parts, std::size_t
   collective([&] {
     // Inside, so that the peers are released.
     if (parts.size() != k)
-      throw RuntimeFailure("rank " + std::to_string(rank) + " passed " + std::to_string(parts.size()) +
-                           " buffers to an allreduce of its " + std::to_string(k) + " shards");
+      throw RuntimeFailure("rank " + std::to_string(rank) + ": an allreduce of " + std::to_string(parts.size()) +
+                           (parts.size() == 1 ? " buffer" : " buffers") + " for its " + std::to_string(k) + " shards");
     std::copy(parts.begin(), parts.end(), parts_.begin() + static_cast<std::ptrdiff_t>(first));
     buffers_[rank] = parts.back();
     const std::span<float* const> in(parts_.data(), all);

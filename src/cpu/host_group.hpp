@@ -19,6 +19,8 @@ namespace mnist_mt::cpu {
 // Every method but abort() runs on a thread of its rank, inside a collective that all
 // ranks enter in the same order. Sums add each element in rank order 0..W-1 whatever the
 // count or chunking, so results are bitwise reproducible; an average is that sum / W.
+// With shards, allreduce() adds every rank's parts in turn, as W ranks of a part each
+// would, and an average divides by the parts.
 //
 // With `processes` (several of them, each with a group of as many ranks) the group's
 // allreduce, allreduce_host, broadcast (from world rank 0) and barrier span the world,
@@ -26,7 +28,7 @@ namespace mnist_mt::cpu {
 // rank 0's thread exchanges that sum with every other process (Processes::allgather)
 // and adds the processes' sums in process order, and every rank copies the result. So
 // every process holds the same bits, and a rerun repeats them; an average divides by
-// the world's ranks. reduce, scatter and gather stay within one process.
+// the world's ranks (parts). reduce, scatter and gather stay within one process.
 class HostGroup {
  public:
   // `shards`: the buffers each rank passes to allreduce() (Place::shards; empty: one each).

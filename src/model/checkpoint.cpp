@@ -65,6 +65,7 @@ std::string header_text(const Checkpoint& c) {
     header["__metadata__"]["world"] = std::to_string(c.world);
     header["__metadata__"]["batch"] = std::to_string(c.batch);
   }
+  if (c.shard_order) header["__metadata__"]["sum_order"] = "shards";
   std::uint64_t offset = 0;
   for (const Slot& s : slots(!c.momentum.empty())) {
     const std::uint64_t bytes = s.param->count * sizeof(float);
@@ -213,6 +214,10 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
     if (checkpoint.world == 0 || checkpoint.batch == 0)
       fail(path, "metadata 'world' " + std::to_string(checkpoint.world) + " and 'batch' " +
                      std::to_string(checkpoint.batch) + " must be positive");
+  }
+  if (const auto order = metadata->find("sum_order"); order != metadata->end()) {
+    if (*order != "shards") fail(path, "metadata 'sum_order' is " + order->dump() + ", not \"shards\"");
+    checkpoint.shard_order = true;
   }
   checkpoint.params.resize(kParamCount);
   if (with_momentum) checkpoint.momentum.resize(kParamCount);

@@ -129,7 +129,9 @@ class DdpWorker {
   }
 
   // Enqueues one step. The host waits only for the batch, and in set_input() for the
-  // previous step's input copy, which bounds how far it runs ahead of the device.
+  // previous step's input copy, which bounds how far it runs ahead of the device. (With
+  // several shards, each later shard's set_input() waits for the shard before's copy,
+  // which follows the previous step's work: such a rank runs ahead by less.)
   void step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {
     run_.beat(rank_, step_, Phase::kData);
     run_.inject_stall(rank_, step_, StallPhase::kData);

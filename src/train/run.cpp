@@ -84,21 +84,36 @@ std::string ranks_text(std::uint64_t ranks, std::uint64_t batch) {
   return std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") + " x " + std::to_string(batch);
 }
 
+// Whether a run adds its gradients shard by shard in world order, so that a run of fewer
+// ranks can repeat its sums (Checkpoint::shard_order): DDP on CPU devices, in one process
+// or with a rank a process (otherwise each process's sum comes first).
+bool sums_in_shard_order(const TrainConfig& config, const Place& place, const Backend& backend) {
+  return config.mode == Mode::kDdp && backend.sums_shards() &&
+         (place.process_count() == 1 || config.devices.size() == 1);
+}
+
 // How the run's ranks compute the world's batch (ShardLayout): as the checkpoint's world
-// did when it resumes one of the same global batch made by a multiple of its ranks, and
-// a shard of the configured batch a rank otherwise.
+// did when it resumes one of the same global batch made by more ranks whose sums it can
+// repeat, and a shard of the configured batch a rank otherwise.
 ShardLayout layout_of(const TrainConfig& config, const Place& place, const Checkpoint& start, const Backend& backend) {
-  ShardLayout layout{static_cast<std::uint32_t>(place.world), config.batch, ""};
-  // Nothing to match: a fresh run, one with no step left (evaluation), a file without it.
-  if (!config.load || config.epochs <= start.epoch || start.world == 0) return layout;
   const auto world = static_cast<std::uint32_t>(place.world);
+  ShardLayout layout{world, config.batch, ""};
+  // Nothing to match: a fresh run, or one with no step left (evaluation).
+  if (!config.load || config.epochs <= start.epoch) return layout;
+  const std::string file = config.load->string();
+  const std::string position = "step " + std::to_string(start.epoch_step) + " of epoch " + std::to_string(start.epoch + 1);
+  if (start.world == 0) {  // a file from before the layout was recorded
+    if (start.epoch_step != 0)
+      layout.note = "mnist_mt: " + file + " does not record its global batch: its position, " + position +
+                    ", is taken in steps of this run's";
+    return layout;
+  }
   const std::uint64_t global = std::uint64_t{config.batch} * world;
   const std::string theirs = ranks_text(start.world, start.batch), ours = ranks_text(world, config.batch);
   if (start.global_batch() != global) {
     // A position in an epoch counts steps of the checkpoint's global batch.
     if (start.epoch_step != 0)
-      throw InputError("the checkpoint stopped after step " + std::to_string(start.epoch_step) + " of epoch " +
-                           std::to_string(start.epoch + 1) + " with a global batch of " +
+      throw InputError(file + " stopped after " + position + " with a global batch of " +
                            std::to_string(start.global_batch()) + " images (" + theirs + "), this run's is " +
                            std::to_string(global) + " (" + ours + "): resume it with the same global batch",
                        "load");
@@ -109,10 +124,11 @@ ShardLayout layout_of(const TrainConfig& config, const Place& place, const Check
                           : !backend.sums_shards()      ? backend.name() + " devices"
                           : place.process_count() > 1   ? "several processes"
                           : world > start.world         ? "more ranks than its"
+                          : !start.shard_order          ? "its sums were not added shard by shard"
                                                         : "";
-  const std::string resuming = "resuming a checkpoint of " + theirs + " on " + ours + ": ";
+  const std::string resuming = "mnist_mt: resuming a checkpoint of " + theirs + " on " + ours + ": ";
   if (!why.empty()) {
-    layout.note = resuming + "the same steps, their sums rounded otherwise (within 1e-5, not bit for bit: " + why + ")";
+    layout.note = resuming + "the same steps, their sums rounded otherwise (not bit for bit: " + why + ")";
     return layout;
   }
   layout.shards = start.world;
@@ -123,7 +139,6 @@ ShardLayout layout_of(const TrainConfig& config, const Place& place, const Check
                 " a rank, in turn, and summed in its order: bit for bit its run";
   return layout;
 }
-
 
 std::vector<std::unique_ptr<Communicator>> communicators(Backend& backend,
                                                          const std::vector<std::unique_ptr<Device>>& devices,
@@ -278,7 +293,8 @@ SharedLoaders::Shards Run::train_shards() const {
   return {shards(), shard_batch(), first_shard(0), first_shard(ranks) - first_shard(0)};
 }
 
-// Evaluation sums nothing across ranks but its counts: a shard a rank, of the replica's batch.
+// Evaluation: a shard a rank, in batches the replica holds (with shards, the
+// checkpoint's batch; its figures are then the uninterrupted run's within rounding).
 SharedLoaders::Shards Run::test_shards() const {
   return {static_cast<std::uint32_t>(world()), shard_batch(), static_cast<std::uint32_t>(place.first_rank),
           static_cast<std::uint32_t>(config.devices.size())};
@@ -415,6 +431,7 @@ void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, 
   checkpoint.seed = start.seed;
   checkpoint.world = shards();
   checkpoint.batch = shard_batch();
+  checkpoint.shard_order = sums_in_shard_order(config, place, backend);
   saver_.save(path, checkpoint);
 }
 

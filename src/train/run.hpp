@@ -50,7 +50,8 @@ constexpr std::uint64_t kReadEvery = 16;
 
 // How a run's ranks compute the world's batch. Normally a shard of it each, of the
 // configured batch. A DDP run on CPU devices in one process that resumes a checkpoint
-// made by more ranks, with the same global batch, computes that run's shards instead:
+// made by more ranks, with the same global batch, whose sums were added shard by shard
+// (Checkpoint::shard_order), computes that run's shards instead:
 // `shards` of `batch` images, in blocks of consecutive shards, as even as they go, each
 // rank its block in turn; the gradients are summed in shard order, so its weights are
 // that run's, bit for bit.
