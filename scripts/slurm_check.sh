@@ -58,7 +58,7 @@ PartitionName=check Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscr
 EOF
 mkdir -p "$work/ctld" "$work/slurmd"
 
-started_munge=0
+munge_pid=""
 stop_all() {
   local pids=()
   for pid_file in "$work/slurmd.pid" "$work/slurmctld.pid"; do
@@ -69,15 +69,15 @@ stop_all() {
     kill -0 "${pids[@]}" 2>/dev/null || break
     sleep 0.1
   done
-  [ $started_munge -eq 1 ] && pkill -x munged
+  [ -n "$munge_pid" ] && kill "$munge_pid" 2>/dev/null
   rm -rf "$work"
 }
 trap stop_all EXIT
 
 if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
   mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null
-  munged --force 2>/dev/null || { echo "slurm_check.sh: munged did not start" >&2; exit 2; }
-  started_munge=1
+  munged --force --pid-file="$work/munged.pid" 2>/dev/null || { echo "slurm_check.sh: munged did not start" >&2; exit 2; }
+  munge_pid=$(cat "$work/munged.pid" 2>/dev/null)
 fi
 slurmctld || { echo "slurm_check.sh: slurmctld did not start ($work/slurmctld.log)" >&2; exit 2; }
 slurmd || { echo "slurm_check.sh: slurmd did not start ($work/slurmd.log)" >&2; exit 2; }
@@ -129,24 +129,35 @@ signal_task() {  # signal_task SIGNAL ERRFILE: prints the exit status and the se
     [ -n "$victim" ] && break
     sleep 0.05
   done
+  if [ -z "$victim" ]; then  # never started: nothing to signal
+    kill "$srun_pid" 2>/dev/null
+    wait "$srun_pid"
+    echo "-1 none"
+    return
+  fi
   sleep 2  # training
   local begin; begin=$(date +%s.%N)
   kill "-$1" "$victim"
   wait "$srun_pid"
   local rc=$?
-  while pgrep -f "^$binary " >/dev/null; do sleep 0.05; done
+  for _ in $(seq 200); do  # 10 s at most
+    pgrep -f "^$binary " >/dev/null || break
+    sleep 0.05
+  done
   echo "$rc $(seconds_since "$begin")"
   kill -CONT "$victim" 2>/dev/null
+  pkill -KILL -f "^$binary " 2>/dev/null  # whatever is left, after the time was taken
 }
 read -r rc took < <(signal_task STOP "$work/3.err")
 line=$(grep -m1 "^mnist_mt: error:" "$work/3.err")
-[ "$rc" -ne 0 ] && [ "$(echo "$took < 5 + 3" | bc)" -eq 1 ] &&
+[ "$took" != none ] && [ "$rc" -ne 0 ] && [ "$(echo "$took < 5 + 3" | bc)" -eq 1 ] &&
   [[ $line == "mnist_mt: error: process 1 (host $host, rank 1) sent nothing for "*" s (timeout 5 s): it failed or stopped"* ]]
 check "SIGSTOP of task 1 (--timeout 5)" $? "srun exit $rc, every task gone ${took:0:4} s after the signal: $line"
 
 read -r rc took < <(signal_task KILL "$work/4.err")
 line=$(grep -m1 "task 1" "$work/4.err")
-[ "$rc" -ne 0 ] && [ "$(echo "$took < 5" | bc)" -eq 1 ]
+[ "$took" != none ] && [ "$rc" -eq 137 ] && [ "$(echo "$took < 5" | bc)" -eq 1 ] &&
+  [[ $line == "srun: error: $host: task 1: Killed" ]]
 check "SIGKILL of task 1" $? "srun exit $rc, every task gone ${took:0:4} s after the signal: $line"
 
 echo "$passed passed, $failed failed"
