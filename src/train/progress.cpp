@@ -35,9 +35,10 @@ std::string duration(double seconds) {
 Progress::Progress(std::ostream* out, std::uint64_t images_per_step)
     : out_(out), terminal_(is_terminal(out)), images_per_step_(images_per_step) {}
 
-void Progress::start_epoch(std::uint32_t epoch, std::uint32_t steps) {
+void Progress::start_epoch(std::uint32_t epoch, std::uint32_t steps, std::uint32_t first) {
   epoch_ = epoch;
   steps_ = steps;
+  first_ = std::min(first, steps);
   start_ = last_draw_ = Clock::now();
   next_line_ = std::max<std::uint32_t>(1, steps / 10);
 }
@@ -55,8 +56,9 @@ void Progress::step(std::uint32_t done, double loss) {
   last_draw_ = now;
   next_line_ = (done / tenth + 1) * tenth;
   const double elapsed = std::chrono::duration<double>(now - start_).count();
-  const double rate = elapsed > 0 ? static_cast<double>(done * images_per_step_) / elapsed : 0.0;
-  const double eta = done > 0 ? elapsed / done * (steps_ - done) : 0.0;
+  const std::uint32_t taken = done > first_ ? done - first_ : 0;  // by this run
+  const double rate = elapsed > 0 ? static_cast<double>(taken * images_per_step_) / elapsed : 0.0;
+  const double eta = taken > 0 ? elapsed / taken * (steps_ - done) : 0.0;
   const std::string stats = format("loss %.4f  %.0f img/s  ETA %s", loss, rate, duration(eta).c_str());
   if (terminal_) {
     constexpr int kWidth = 30;

@@ -14,7 +14,9 @@ class Progress {
  public:
   // `out` may be null: no output. `images_per_step`: the global batch.
   Progress(std::ostream* out, std::uint64_t images_per_step);
-  void start_epoch(std::uint32_t epoch, std::uint32_t steps);  // epoch counts from 1
+  // Epoch `epoch` (from 1) of `steps` steps, of which this run takes those from `first`
+  // (a resumed epoch's first are the checkpoint's): the rate and ETA count this run's.
+  void start_epoch(std::uint32_t epoch, std::uint32_t steps, std::uint32_t first = 0);
   // After `done` steps of the epoch; `loss`: mean training loss so far.
   void step(std::uint32_t done, double loss);
   void end_epoch(const EpochMetrics& m);
@@ -27,6 +29,7 @@ class Progress {
   std::uint64_t images_per_step_;
   std::uint32_t epoch_ = 0;
   std::uint32_t steps_ = 0;
+  std::uint32_t first_ = 0;
   Clock::time_point start_;
   Clock::time_point last_draw_;
   bool line_open_ = false;  // a live line waits for its newline

@@ -393,7 +393,7 @@ UpdateGuard Run::update_guard(Communicator& comm) const {
 bool Run::train_steps(int rank, EpochMetrics& m, std::uint32_t first, std::uint32_t steps, Replica* rank0,
                       std::uint64_t& global, const StepStats& total, const std::function<void(PhaseSeconds&)>& step,
                       const std::function<void(bool wait)>& read) {
-  if (rank0 != nullptr) progress.start_epoch(m.epoch, steps);
+  if (rank0 != nullptr) progress.start_epoch(m.epoch, steps, first);
   Stopwatch clock;
   bool done = true;
   std::uint32_t k = first;
