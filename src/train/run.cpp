@@ -101,7 +101,8 @@ ShardLayout layout_of(const TrainConfig& config, const Place& place, const Check
   // Nothing to match: a fresh run, or one with no step left (evaluation).
   if (!config.load || config.epochs <= start.epoch) return layout;
   const std::string file = config.load->string();
-  const std::string position = "step " + std::to_string(start.epoch_step) + " of epoch " + std::to_string(start.epoch + 1);
+  const std::string position =
+      "step " + std::to_string(start.epoch_step) + " of epoch " + std::to_string(start.epoch + 1);
   if (start.world == 0) {  // a file from before the layout was recorded
     if (start.epoch_step != 0)
       layout.note = "mnist_mt: " + file + " does not record its global batch: its position, " + position +
