@@ -63,6 +63,20 @@ class ResumeTest : public testing::Test {
     return *stopped;
   }
 
+  // Resumes on `ranks` x `batch` (2 epochs) from the step-25 checkpoint of `saved`, a
+  // run whose uninterrupted weights are `straight`: within rounding of them. Returns the
+  // resumed run's progress output.
+  std::string resumed_within_rounding(const TrainConfig& saved, const TrainResult& straight, int ranks,
+                                      std::uint32_t batch) {
+    TrainConfig resume = config_for(ranks, batch);
+    resume.epochs = 2;
+    resume.load = numbered_checkpoint(*saved.save, 25);
+    std::ostringstream said;
+    resume.progress = &said;
+    EXPECT_LE(relative_difference(run(resume).params, straight.params), 1e-5);
+    return said.str();
+  }
+
   std::size_t files() const {
     return static_cast<std::size_t>(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()));
   }
@@ -195,16 +209,11 @@ TEST_F(ResumeTest, MoreRanksResumeTheSameStepsWithinRounding) {
   c.save_every = 25;
   c.keep = 100;
   run(c);
-  TrainConfig resume = config_for(2, 8);
-  resume.epochs = 2;
-  resume.load = numbered_checkpoint(*c.save, 25);
-  std::ostringstream said;
-  resume.progress = &said;
-  EXPECT_LE(relative_difference(run(resume).params, straight.params), 1e-5);
-  EXPECT_NE(said.str().find("resuming a checkpoint of 1 rank x 16 on 2 ranks x 8: the same steps, their sums rounded "
-                            "otherwise (not bit for bit: more ranks than its)"),
+  const std::string said = resumed_within_rounding(c, straight, 2, 8);
+  EXPECT_NE(said.find("resuming a checkpoint of 1 rank x 16 on 2 ranks x 8: the same steps, their sums rounded "
+                      "otherwise (not bit for bit: more ranks than its)"),
             std::string::npos)
-      << said.str();
+      << said;
 }
 
 // Only a checkpoint whose gradients were added shard by shard in world order (DDP on CPU
@@ -222,16 +231,11 @@ TEST_F(ResumeTest, OnlyShardOrderedSumsResumeAsShards) {
   c.save = dir_ / "dp.safetensors";
   const TrainResult straight = run(c);
   EXPECT_FALSE(load_checkpoint(numbered_checkpoint(*c.save, 25)).shard_order);
-  TrainConfig resume = config_for(1, 16);
-  resume.epochs = 2;
-  resume.load = numbered_checkpoint(*c.save, 25);
-  std::ostringstream said;
-  resume.progress = &said;
-  EXPECT_LE(relative_difference(run(resume).params, straight.params), 1e-5);
-  EXPECT_NE(said.str().find("mnist_mt: resuming a checkpoint of 2 ranks x 8 on 1 rank x 16: the same steps, their sums "
-                            "rounded otherwise (not bit for bit: its sums were not added shard by shard)"),
+  const std::string said = resumed_within_rounding(c, straight, 1, 16);
+  EXPECT_NE(said.find("mnist_mt: resuming a checkpoint of 2 ranks x 8 on 1 rank x 16: the same steps, their sums "
+                      "rounded otherwise (not bit for bit: its sums were not added shard by shard)"),
             std::string::npos)
-      << said.str();
+      << said;
 }
 
 // A position in an epoch counts steps of the checkpoint's global batch: another global
