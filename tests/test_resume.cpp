@@ -77,6 +77,14 @@ class ResumeTest : public testing::Test {
     return said.str();
   }
 
+  // Saves every `every` steps to `name` in the test's directory, keeping every checkpoint
+  // (numbered_checkpoint() finds each).
+  void save_all(TrainConfig& c, const char* name, std::uint32_t every) const {
+    c.save = dir_ / name;
+    c.save_every = every;
+    c.keep = 100;
+  }
+
   std::size_t files() const {
     return static_cast<std::size_t>(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()));
   }
@@ -155,9 +163,7 @@ TEST_F(ResumeTest, FewerRanksResumeTheCheckpointsShardsBitwise) {
   };
   TrainConfig c = on(4, 3);
   const TrainResult straight = run(c);
-  c.save = dir_ / "model.safetensors";
-  c.save_every = 3;
-  c.keep = 100;
+  save_all(c, "model.safetensors", 3);
   run(c);
   for (const auto& [ranks, batch, each] : {std::tuple{3, 4u, std::string("1 or 2")},
                                            std::tuple{2, 6u, std::string("2")}, std::tuple{1, 12u, std::string("4")}}) {
@@ -205,9 +211,7 @@ TEST_F(ResumeTest, MoreRanksResumeTheSameStepsWithinRounding) {
   TrainConfig c = config_for(1, 16);
   c.epochs = 2;
   const TrainResult straight = run(c);
-  c.save = dir_ / "model.safetensors";
-  c.save_every = 25;
-  c.keep = 100;
+  save_all(c, "model.safetensors", 25);
   run(c);
   const std::string said = resumed_within_rounding(c, straight, 2, 8);
   EXPECT_NE(said.find("resuming a checkpoint of 1 rank x 16 on 2 ranks x 8: the same steps, their sums rounded "
@@ -222,9 +226,7 @@ TEST_F(ResumeTest, MoreRanksResumeTheSameStepsWithinRounding) {
 TEST_F(ResumeTest, OnlyShardOrderedSumsResumeAsShards) {
   TrainConfig c = config_for(2, 8);
   c.epochs = 2;
-  c.save = dir_ / "ddp.safetensors";
-  c.save_every = 25;
-  c.keep = 100;
+  save_all(c, "ddp.safetensors", 25);
   run(c);
   EXPECT_TRUE(load_checkpoint(numbered_checkpoint(*c.save, 25)).shard_order);
   c.mode = Mode::kDp;
@@ -243,9 +245,7 @@ TEST_F(ResumeTest, OnlyShardOrderedSumsResumeAsShards) {
 TEST_F(ResumeTest, AMidEpochCheckpointRefusesAnotherGlobalBatch) {
   TrainConfig c = config_for(2, 8);
   c.epochs = 2;
-  c.save = dir_ / "model.safetensors";
-  c.save_every = 5;
-  c.keep = 100;
+  save_all(c, "model.safetensors", 5);
   run(c);
   TrainConfig resume = config_for(2, 4);
   resume.epochs = 2;
