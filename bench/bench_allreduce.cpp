@@ -222,7 +222,9 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("memcpy/1thread/" + s.label).c_str(),
                                  [bytes = s.bytes](benchmark::State& st) { bench_memcpy(st, bytes); });
   }
-  std::unique_ptr<Backend> cpu = make_cpu_backend({});
+  BackendOptions pinned;  // as mnist_mt runs them: a CPU each, when there is one per rank
+  pinned.pin_cpu_threads = true;
+  std::unique_ptr<Backend> cpu = make_cpu_backend(pinned);
   register_allreduce(*cpu, kMaxCpuRanks);
 
   std::unique_ptr<Backend> cuda;

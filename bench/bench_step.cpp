@@ -214,7 +214,9 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 
-  std::unique_ptr<Backend> cpu = make_cpu_backend({});
+  BackendOptions pinned;  // as mnist_mt runs them (--no-pin aside)
+  pinned.pin_cpu_threads = true;
+  std::unique_ptr<Backend> cpu = make_cpu_backend(pinned);
   register_layers();
   register_steps(*cpu, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), "cpu");
   std::unique_ptr<Backend> cuda, cuda_eager;

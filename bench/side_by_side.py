@@ -6,6 +6,7 @@ ratio to the first, its exposed communication, and its milliseconds per step in 
     bench/side_by_side.py --data DIR --modes ddp,dp                 # ddp against dp
     bench/side_by_side.py --data DIR --builds base=OLD/build,now=build   # a build against another
     bench/side_by_side.py --data DIR --layouts threads,processes    # 1 process x N ranks against N x 1
+    bench/side_by_side.py --data DIR --builds pinned=build,unpinned=build --flags unpinned=--no-pin
     [--ranks 2] [--batches 4,64] [--reps 3] [--isa native,avx2] [--btl self,tcp]
 
 A variant is a (build, mode, layout) triple; with several of each, every triple runs. The
@@ -55,6 +56,13 @@ def named_builds(text):
     return builds
 
 
+def build_flags(text):
+    name, sep, flags = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"--flags: {text!r} is not NAME=FLAGS")
+    return name, shlex.split(flags)
+
+
 def mpirun(args, processes):
     """Open MPI's mpirun over args.btl on 127.0.0.1 (the CI's setting)."""
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
@@ -71,14 +79,15 @@ def isa_env(isa):
     return env
 
 
-def run(binary, args, mode, layout, batch, isa):
+def run(binary, flags, args, mode, layout, batch, isa):
     steps = 3000 if batch <= 4 else 300
     env = isa_env(isa)
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
         launch, ranks = ([], args.ranks) if layout == "threads" else (mpirun(args, args.ranks), 1)
         command = launch + [str(binary), "--cpu", str(ranks), "--mode", mode, "--batch-size", str(batch),
-                            "--max-steps", str(steps), "--epochs", "1", "--data", args.data, "--metrics", str(metrics)]
+                            "--max-steps", str(steps), "--epochs", "1", "--data", args.data] + flags + [
+                                "--metrics", str(metrics)]
         done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if done.returncode != 0:
             sys.exit(f"side_by_side.py: {shlex.join(command)} exited {done.returncode}: {done.stderr.strip()}")
@@ -112,6 +121,8 @@ def main():
     parser.add_argument("--data", required=True, help="MNIST or Fashion-MNIST IDX directory")
     parser.add_argument("--builds", type=named_builds, default=None,
                         help="NAME=DIR,... meson build directories with mnist_mt (default: now=build)")
+    parser.add_argument("--flags", type=build_flags, action="append", default=[],
+                        help="NAME=FLAGS: more flags for the runs of the build named NAME (repeatable)")
     parser.add_argument("--modes", default="ddp", help="ddp, dp or ddp,dp")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--batches", default="4,64")
@@ -121,6 +132,12 @@ def main():
     parser.add_argument("--btl", default="self,tcp", help="Open MPI's transports for the processes layout")
     args = parser.parse_args()
     builds = args.builds or named_builds(f"now={ROOT / 'build'}")
+    flags = dict(args.flags)
+    if len({name for name, _ in builds}) != len(builds):
+        sys.exit("side_by_side.py: --builds: a name is used twice")
+    for name in flags:
+        if name not in {n for n, _ in builds}:
+            sys.exit(f"side_by_side.py: --flags: no build is named {name!r}")
     modes = args.modes.split(",")
     if any(m not in ("ddp", "dp") for m in modes):
         sys.exit(f"side_by_side.py: --modes: {args.modes!r} is not a list of ddp and dp")
@@ -135,7 +152,7 @@ def main():
                         ([f"1 process x {args.ranks}" if layout == "threads" else f"{args.ranks} processes x 1"]
                          if len(layouts) > 1 else []))
 
-    variants = [(label(name, mode, layout), binary, mode, layout)
+    variants = [(label(name, mode, layout), binary, flags.get(name, []), mode, layout)
                 for name, binary in builds for mode in modes for layout in layouts]
     batches = [int(b) for b in args.batches.split(",")]
     isas = args.isa.split(",")
@@ -143,13 +160,13 @@ def main():
     for _ in range(args.reps):  # interleaved, so drift on a shared machine hits every variant
         for isa in isas:
             for batch in batches:
-                for label, binary, mode, layout in variants:
-                    epoch, command = run(binary, args, mode, layout, batch, isa)
+                for label, binary, extra, mode, layout in variants:
+                    epoch, command = run(binary, extra, args, mode, layout, batch, isa)
                     runs.setdefault((isa, batch, label), []).append(epoch)
                     if command not in commands:
                         commands.append(command)
         if len(layouts) > 1:
-            for label, binary, mode, layout in variants:
+            for label, binary, _, _, layout in variants:
                 gbps, command = busbw(binary, args, layout)
                 bandwidth.setdefault(label, []).append(gbps)
                 if command not in commands:
@@ -165,7 +182,7 @@ def main():
     for isa in isas:
         for batch in batches:
             base = median(isa, batch, first, lambda e: e["images_per_s"])
-            for label, _, _, _ in variants:
+            for label, *_ in variants:
                 speed = median(isa, batch, label, lambda e: e["images_per_s"])
                 comm = median(isa, batch, label, lambda e: 100 * e["phase_seconds"]["comm_wait"] / e["seconds"])
                 phases = "; ".join(

@@ -2,6 +2,7 @@
 // flag, a run on a small data set writes its metrics, an injected fault exits 3 with
 // the rank and step, and nothing hangs (every run has a deadline).
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <chrono>
 #include <filesystem>
@@ -21,7 +22,8 @@ TEST(Cli, HelpListsTheFlagsButNotTheTestHook) {
   EXPECT_EQ(o.exit_code, 0);
   for (const char* flag : {"--cpu", "--gpus", "--mode", "--epochs", "--batch-size", "--lr", "--momentum",
                            "--weight-decay", "--seed", "--bucket-mb", "--data", "--save", "--load", "--metrics",
-                           "--save-every", "--keep", "--timeout", "--on-nan", "--trace", "--trace-steps"}) {
+                           "--save-every", "--keep", "--timeout", "--on-nan", "--trace", "--trace-steps",
+                           "--no-pin"}) {
     EXPECT_NE(o.out.find(flag), std::string::npos) << flag;
   }
   EXPECT_EQ(o.out.find("--inject-fault"), std::string::npos);
@@ -105,12 +107,19 @@ TEST(Cli, TrainsOnASmallDataSetAndWritesMetricsAndACheckpoint) {
     EXPECT_NE(lines.find(key), std::string::npos) << key;
   }
   EXPECT_TRUE(fs::exists(checkpoint));
+  // Each rank's threads on a CPU of their own, when the run may use two.
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  ASSERT_EQ(sched_getaffinity(0, sizeof mask, &mask), 0);
+  const std::string where = CPU_COUNT(&mask) >= 2 ? "2 cpu device(s) on CPUs " : "2 cpu device(s) (threads unpinned: ";
+  EXPECT_NE(o.out.find(where), std::string::npos) << o.out;
 
   // The checkpoint resumes, in the DataParallel mode too; --epochs counts the run's total.
   const Outcome resumed = run_cli({"--cpu", "2", "--mode", "dp", "--batch-size", "8", "--epochs", "3", "--max-steps",
-                                   "5", "--data", small_data().string(), "--load", checkpoint.string()});
+                                   "5", "--data", small_data().string(), "--load", checkpoint.string(), "--no-pin"});
   EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.out.find("epoch 3: train loss"), std::string::npos) << resumed.out;
+  EXPECT_NE(resumed.out.find("2 cpu device(s), batch 8"), std::string::npos) << resumed.out;
 }
 
 TEST(Cli, AnInjectedFaultExits3NamingTheRankAndStepWithinSeconds) {

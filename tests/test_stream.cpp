@@ -2,6 +2,9 @@
 // error propagation, which the trainer's overlap and failure handling rely on.
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -10,6 +13,7 @@
 
 #include "cpu/device.hpp"
 #include "cpu/stream.hpp"
+#include "mnist_mt/backend.hpp"
 #include "mnist_mt/error.hpp"
 
 namespace mnist_mt::cpu {
@@ -194,6 +198,84 @@ TEST(Stream, PassedSaysWhetherATicketCompletedWithoutBlocking) {
   release = true;
   s.wait(t);
   EXPECT_TRUE(s.passed(t));
+}
+
+// The CPUs the calling thread may run on, in order.
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(pthread_getaffinity_np(pthread_self(), sizeof set, &set), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+// The CPUs each stream thread of each device may run on: compute, then comm.
+std::vector<std::vector<int>> stream_cpus(const std::vector<std::unique_ptr<Device>>& devices) {
+  std::vector<std::vector<int>> out;
+  for (const auto& d : devices) {
+    auto& cpu = dynamic_cast<CpuDevice&>(*d);
+    for (Stream* s : {&cpu.compute(), &cpu.comm()}) {
+      std::vector<int> cpus;
+      s->wait(s->enqueue([&] { cpus = allowed_cpus(); }));
+      out.push_back(cpus);
+    }
+  }
+  return out;
+}
+
+// Restricts the calling thread to `cpus` for its lifetime (threads it starts inherit it).
+class OnlyOn {
+ public:
+  explicit OnlyOn(const std::vector<int>& cpus) {
+    CPU_ZERO(&saved_);
+    pthread_getaffinity_np(pthread_self(), sizeof saved_, &saved_);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : cpus) CPU_SET(c, &set);
+    EXPECT_EQ(pthread_setaffinity_np(pthread_self(), sizeof set, &set), 0);
+  }
+  ~OnlyOn() { pthread_setaffinity_np(pthread_self(), sizeof saved_, &saved_); }
+  OnlyOn(const OnlyOn&) = delete;
+  OnlyOn& operator=(const OnlyOn&) = delete;
+
+ private:
+  cpu_set_t saved_;
+};
+
+TEST(CpuDevice, PinnedDevicesRunBothStreamsOnACpuOfTheirOwnWhenThereIsOnePerDevice) {
+  const std::vector<int> all = allowed_cpus();
+  ASSERT_FALSE(all.empty());
+  BackendOptions pin;
+  pin.pin_cpu_threads = true;
+
+  // As many devices as CPUs (at most 4): device i's two threads on the i-th CPU.
+  const std::size_t n = std::min<std::size_t>(all.size(), 4);
+  std::vector<int> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<int>(i);
+  EXPECT_EQ(cpu_cores_for(n), std::vector<int>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n)));
+  {
+    const auto cpus = stream_cpus(make_cpu_backend(pin)->make_devices(ids));
+    for (std::size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(cpus[2 * i], std::vector<int>{all[i]}) << "device " << i << " compute";
+      EXPECT_EQ(cpus[2 * i + 1], std::vector<int>{all[i]}) << "device " << i << " comm";
+    }
+  }
+  // Unasked, or one device more than CPUs: every thread may run anywhere it could.
+  EXPECT_TRUE(cpu_cores_for(all.size() + 1).empty());
+  ids.push_back(static_cast<int>(n));
+  for (const auto& cpus : stream_cpus(make_cpu_backend({})->make_devices(ids))) EXPECT_EQ(cpus, all);
+  if (n == all.size())
+    for (const auto& cpus : stream_cpus(make_cpu_backend(pin)->make_devices(ids))) EXPECT_EQ(cpus, all);
+
+  // The CPUs come from the process's mask (e.g. taskset's), not from the machine's count.
+  const OnlyOn last({all.back()});
+  EXPECT_EQ(cpu_cores_for(1), std::vector<int>{all.back()});
+  EXPECT_EQ(stream_cpus(make_cpu_backend(pin)->make_devices(std::vector<int>{0})),
+            (std::vector<std::vector<int>>{{all.back()}, {all.back()}}));
+  EXPECT_TRUE(cpu_cores_for(2).empty());
+  EXPECT_TRUE(cpu_cores_for(0).empty());
 }
 
 }  // namespace

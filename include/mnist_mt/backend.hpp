@@ -1,5 +1,6 @@
 #pragma once
 // What the trainer needs from a kind of device: CPU (oneDNN, always built) or CUDA.
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -17,6 +18,9 @@ struct BackendOptions {
   bool deterministic = false;  // CUDA: deterministic cuDNN algorithms only
   bool tf32 = false;           // CUDA: allow TF32 in cuBLAS/cuDNN
   bool cuda_graphs = true;     // CUDA: a DDP step is recorded once as a graph and replayed
+  // CPU: device i's compute and comm threads run on the i-th CPU of cpu_cores_for(), so
+  // that a rank's allreduce shares its own core, not a peer's.
+  bool pin_cpu_threads = false;
 };
 
 class Backend {
@@ -49,5 +53,9 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);
 // Throws InputError when the build has no CUDA.
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
 bool cuda_built();
+// The CPUs a CPU backend with BackendOptions::pin_cpu_threads pins `devices` devices to:
+// the first of those the calling thread may run on (its affinity mask), one per device;
+// empty (nothing pinned) when it may run on fewer.
+std::vector<int> cpu_cores_for(std::size_t devices);
 
 }  // namespace mnist_mt

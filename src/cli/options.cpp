@@ -84,6 +84,7 @@ Devices pick_devices(const DeviceFlags& f) {
   options.deterministic = f.deterministic;
   options.tf32 = f.tf32;
   options.cuda_graphs = !f.no_cuda_graphs;
+  options.pin_cpu_threads = f.pin_cpu_threads;
   if (f.gpus) {
     Devices d{with_flag_names({{"backend", "--gpus"}}, [&] { return make_cuda_backend(options); }),
               parse_gpus(*f.gpus)};

@@ -26,6 +26,9 @@ struct DeviceFlags {
   bool deterministic = false;
   bool tf32 = false;
   bool no_cuda_graphs = false;  // train's flag
+  bool no_pin = false;          // train's flag
+  // Set by train: CPU devices pin their threads unless --no-pin (BackendOptions).
+  bool pin_cpu_threads = false;
 };
 
 struct DataFlags {

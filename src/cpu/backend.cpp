@@ -1,6 +1,8 @@
 // The CPU backend: a device per core, the in-process communicator, the oneDNN replica.
 #include "mnist_mt/backend.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -18,15 +20,18 @@ cpu::CpuDevice& cpu_device(Device& device) {
   return *d;
 }
 
-// The CPU path is deterministic as it is, so BackendOptions change nothing here.
+// The CPU path is deterministic as it is: of BackendOptions only pin_cpu_threads applies.
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(const BackendOptions& options) : pin_(options.pin_cpu_threads) {}
   std::string name() const override { return "cpu"; }
   int device_count() const override { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
 
   std::vector<std::unique_ptr<Device>> make_devices(std::span<const int> ids) override {
+    const std::vector<int> cores = pin_ ? cpu_cores_for(ids.size()) : std::vector<int>{};
     std::vector<std::unique_ptr<Device>> devices;
-    for (int id : ids) devices.push_back(std::make_unique<cpu::CpuDevice>(id));
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      devices.push_back(std::make_unique<cpu::CpuDevice>(ids[i], cores.empty() ? std::nullopt : std::optional(cores[i])));
     return devices;
   }
 
@@ -41,10 +46,24 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Replica> make_replica(Device& device, std::uint32_t max_batch) override {
     return cpu::make_cpu_replica(cpu_device(device), max_batch);
   }
+
+ private:
+  const bool pin_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(const BackendOptions&) { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) { return std::make_unique<CpuBackend>(options); }
+
+std::vector<int> cpu_cores_for(std::size_t devices) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (devices == 0 || sched_getaffinity(0, sizeof set, &set) != 0) return {};
+  std::vector<int> cores;
+  for (int c = 0; c < CPU_SETSIZE && cores.size() < devices; ++c)
+    if (CPU_ISSET(c, &set)) cores.push_back(c);
+  if (cores.size() < devices) return {};
+  return cores;
+}
 
 }  // namespace mnist_mt

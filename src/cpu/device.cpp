@@ -4,20 +4,37 @@
 #include <pmmintrin.h>
 #include <xmmintrin.h>
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <chrono>
 
 namespace mnist_mt::cpu {
+namespace {
 
-CpuDevice::CpuDevice(int id)
+// The calling thread runs on `core` only, when given. A failure leaves it where it was:
+// pinning is a matter of speed, and the core came from the process's own mask.
+void run_on(std::optional<int> core) {
+  if (!core || *core < 0 || *core >= CPU_SETSIZE) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(*core, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+}  // namespace
+
+CpuDevice::CpuDevice(int id, std::optional<int> core)
     : id_(id),
-      compute_("cpu:" + std::to_string(id) + " compute", [] {
+      compute_("cpu:" + std::to_string(id) + " compute", [core] {
+                   run_on(core);
                    omp_set_num_threads(1);
                    // Momentum decays unused weights' buffers into denormals after ~800 steps,
                    // which would make every update several times slower: flush them to zero.
                    _MM_SET_FLUSH_ZERO_MODE(_MM_FLUSH_ZERO_ON);
                    _MM_SET_DENORMALS_ZERO_MODE(_MM_DENORMALS_ZERO_ON);
                  }),
-      comm_("cpu:" + std::to_string(id) + " comm") {}
+      comm_("cpu:" + std::to_string(id) + " comm", [core] { run_on(core); }) {}
 
 // comm_ is destroyed first, so compute tasks still queued that wait for it would wait on a
 // destroyed stream: they run now, while both streams exist. Comm tasks only wait for

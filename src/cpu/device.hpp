@@ -1,5 +1,6 @@
 #pragma once
 #include <array>
+#include <optional>
 #include <string>
 
 #include "mnist_mt/device.hpp"
@@ -8,10 +9,10 @@
 namespace mnist_mt::cpu {
 
 // A CPU device: one compute stream whose thread runs oneDNN single-threaded (one core
-// per rank), and one comm stream.
+// per rank), and one comm stream; with `core`, both threads run on that CPU only.
 class CpuDevice final : public Device {
  public:
-  explicit CpuDevice(int id);
+  explicit CpuDevice(int id, std::optional<int> core = std::nullopt);
   ~CpuDevice() override;
   CpuDevice(const CpuDevice&) = delete;
   CpuDevice& operator=(const CpuDevice&) = delete;
