@@ -90,6 +90,25 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
   }
 }
 
+// With --download a bad checkpoint found after the data would cost a download first.
+TEST(Cli, ABadCheckpointIsRefusedBeforeTheDataIsLookedFor) {
+  const std::string missing = (scratch_dir() / "missing.safetensors").string();
+  const std::string nowhere = (scratch_dir() / "no-such-dir").string();
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--cpu", "1", "--load", missing, "--data", nowhere},
+        std::vector<std::string>{"eval", "--cpu", "1", "--load", missing, "--data", nowhere},
+        std::vector<std::string>{"predict", "--cpu", "1", "--load", missing, "--data", nowhere, "--index", "0"}}) {
+    const Outcome o = run_cli(args, 60s);
+    SCOPED_TRACE(args[0] + ": " + o.err);
+    EXPECT_EQ(o.exit_code, 2);
+    EXPECT_EQ(count_lines(o.err), 1);
+    EXPECT_EQ(o.err.rfind("mnist_mt: error: --load: ", 0), 0u);
+    EXPECT_NE(o.err.find("missing.safetensors"), std::string::npos);
+    EXPECT_EQ(o.err.find("no-such-dir"), std::string::npos);
+    EXPECT_EQ(o.out, "");
+  }
+}
+
 TEST(Cli, TrainsOnASmallDataSetAndWritesMetricsAndACheckpoint) {
   const fs::path metrics = scratch_dir() / "metrics.json";
   const fs::path checkpoint = scratch_dir() / "model.safetensors";

@@ -66,6 +66,7 @@ int run_eval(const EvalFlags& f) {
   config.checkpoint = f.load;
   Devices devices = pick_devices(f.device);
   config.devices = devices.ids;
+  load_flag(f.load);  // evaluate() reads it again
   const Dataset data = load_data(f.data, std::cout);
   std::cout << "mnist_mt: eval of " << f.load << " on " << config.devices.size() << ' ' << devices.backend->name()
             << " device(s)" << std::endl;

@@ -105,6 +105,14 @@ Devices pick_devices(const DeviceFlags& f) {
   return default_devices(options);
 }
 
+Checkpoint load_flag(const std::filesystem::path& path) {
+  try {
+    return load_checkpoint(path);
+  } catch (const InputError& e) {
+    throw InputError(std::string("--load: ") + e.what());
+  }
+}
+
 Dataset load_data(const DataFlags& f, std::ostream& out) {
   const DatasetKind kind = f.dataset == "fashion-mnist" ? DatasetKind::kFashionMnist : DatasetKind::kMnist;
   if (!f.mirrors.empty() && !f.download) throw InputError("--mirror: only with --download");

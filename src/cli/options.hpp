@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "mnist_mt/backend.hpp"
+#include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 
@@ -47,6 +49,10 @@ struct Devices {
 };
 // The backend and devices the flags name; no flag: every GPU, else a CPU rank per core.
 Devices pick_devices(const DeviceFlags& f);
+
+// The checkpoint --load names; its errors name --load. Each command reads it before the
+// data is found or downloaded, so that a bad file is refused first.
+Checkpoint load_flag(const std::filesystem::path& path);
 
 // Downloads when asked, finds the data (DESIGN of the search: data_source.hpp), prints
 // the line naming the data set and its directory on `out` and any notice on stderr.

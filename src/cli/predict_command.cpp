@@ -28,6 +28,7 @@ int run_predict(const PredictFlags& f) {
     names.push_back(path);
   }
   std::vector<int> labels(images.size(), -1);
+  const Checkpoint checkpoint = load_flag(f.load);
   if (!f.indices.empty()) {
     const Dataset data = load_data(f.data, std::cout);
     for (std::int64_t index : f.indices) {
@@ -42,12 +43,6 @@ int run_predict(const PredictFlags& f) {
       names.push_back("test image " + std::to_string(index));
       labels.push_back(data.test.labels[static_cast<std::size_t>(index)]);
     }
-  }
-  Checkpoint checkpoint;
-  try {
-    checkpoint = load_checkpoint(f.load);
-  } catch (const InputError& e) {
-    throw InputError(std::string("--load: ") + e.what());
   }
   Devices devices = pick_devices(f.device);
   const std::vector<Prediction> predictions = predict(*devices.backend, devices.ids.front(), checkpoint, images);

@@ -171,6 +171,7 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   config.devices = devices.ids;
   // The values are checked before the data is found or downloaded.
   with_flag_names(kTrainFlags, [&] { check_train_config(config); });
+  if (config.load) load_flag(*config.load);  // train() reads it again
   const Dataset data = load_data(f.data, out);
   out << "mnist_mt: " << (config.mode == Mode::kDp ? "dp" : "ddp") << " on ";
   if (processes != nullptr) out << processes->count() << " processes x ";
