@@ -244,37 +244,41 @@ class OnlyOn {
   cpu_set_t saved_;
 };
 
-TEST(CpuDevice, PinnedDevicesRunBothStreamsOnACpuOfTheirOwnWhenThereIsOnePerDevice) {
+std::vector<int> ids_for(std::size_t devices) {
+  std::vector<int> ids(devices);
+  for (std::size_t i = 0; i < devices; ++i) ids[i] = static_cast<int>(i);
+  return ids;
+}
+
+TEST(CpuDevice, PinnedDevicesRunBothStreamsOnACpuOfTheirOwnWhenTheyAreAsManyAsTheCpus) {
   const std::vector<int> all = allowed_cpus();
   ASSERT_FALSE(all.empty());
+  EXPECT_EQ(cpu_mask(), all);
   BackendOptions pin;
   pin.pin_cpu_threads = true;
 
-  // As many devices as CPUs (at most 4): device i's two threads on the i-th CPU.
+  // A mask of n CPUs (the last n of this thread's, at most 4), as taskset would give.
   const std::size_t n = std::min<std::size_t>(all.size(), 4);
-  std::vector<int> ids(n);
-  for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<int>(i);
-  EXPECT_EQ(cpu_cores_for(n), std::vector<int>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n)));
-  {
-    const auto cpus = stream_cpus(make_cpu_backend(pin)->make_devices(ids));
-    for (std::size_t i = 0; i < n; ++i) {
-      EXPECT_EQ(cpus[2 * i], std::vector<int>{all[i]}) << "device " << i << " compute";
-      EXPECT_EQ(cpus[2 * i + 1], std::vector<int>{all[i]}) << "device " << i << " comm";
-    }
-  }
-  // Unasked, or one device more than CPUs: every thread may run anywhere it could.
-  EXPECT_TRUE(cpu_cores_for(all.size() + 1).empty());
-  ids.push_back(static_cast<int>(n));
-  for (const auto& cpus : stream_cpus(make_cpu_backend({})->make_devices(ids))) EXPECT_EQ(cpus, all);
-  if (n == all.size())
-    for (const auto& cpus : stream_cpus(make_cpu_backend(pin)->make_devices(ids))) EXPECT_EQ(cpus, all);
+  const std::vector<int> mask(all.end() - static_cast<std::ptrdiff_t>(n), all.end());
+  const OnlyOn only(mask);
+  EXPECT_EQ(cpu_mask(), mask);
+  EXPECT_EQ(cpu_cores_for(n), mask);
 
-  // The CPUs come from the process's mask (e.g. taskset's), not from the machine's count.
-  const OnlyOn last({all.back()});
-  EXPECT_EQ(cpu_cores_for(1), std::vector<int>{all.back()});
-  EXPECT_EQ(stream_cpus(make_cpu_backend(pin)->make_devices(std::vector<int>{0})),
-            (std::vector<std::vector<int>>{{all.back()}, {all.back()}}));
-  EXPECT_TRUE(cpu_cores_for(2).empty());
+  // n devices: device i's two threads on the i-th CPU of the mask.
+  const auto pinned = stream_cpus(make_cpu_backend(pin)->make_devices(ids_for(n)));
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(pinned[2 * i], std::vector<int>{mask[i]}) << "device " << i << " compute";
+    EXPECT_EQ(pinned[2 * i + 1], std::vector<int>{mask[i]}) << "device " << i << " comm";
+  }
+  // Unasked, one device more, or one fewer (another run may use the CPU left): every
+  // thread may run anywhere in the mask.
+  for (const auto& cpus : stream_cpus(make_cpu_backend({})->make_devices(ids_for(n)))) EXPECT_EQ(cpus, mask);
+  for (const std::size_t devices : {n + 1, n - 1}) {
+    if (devices == 0) continue;
+    EXPECT_TRUE(cpu_cores_for(devices).empty()) << devices;
+    for (const auto& cpus : stream_cpus(make_cpu_backend(pin)->make_devices(ids_for(devices))))
+      EXPECT_EQ(cpus, mask) << devices << " devices";
+  }
   EXPECT_TRUE(cpu_cores_for(0).empty());
 }
 

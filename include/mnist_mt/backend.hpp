@@ -53,9 +53,11 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);
 // Throws InputError when the build has no CUDA.
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
 bool cuda_built();
-// The CPUs a CPU backend with BackendOptions::pin_cpu_threads pins `devices` devices to:
-// the first of those the calling thread may run on (its affinity mask), one per device;
-// empty (nothing pinned) when it may run on fewer.
+// The CPUs the calling thread may run on (its affinity mask, e.g. taskset's), in order.
+std::vector<int> cpu_mask();
+// The CPUs a CPU backend with BackendOptions::pin_cpu_threads pins `devices` devices to,
+// device i to the i-th: cpu_mask() when it holds exactly one CPU per device; otherwise
+// none (empty), so that two runs on one machine never share CPUs they were pinned to.
 std::vector<int> cpu_cores_for(std::size_t devices);
 
 }  // namespace mnist_mt

@@ -73,7 +73,8 @@ int interrupted(const Interruption& i) {
 std::string pinning(std::size_t devices) {
   const std::vector<int> cores = cpu_cores_for(devices);
   if (cores.empty())
-    return " (threads unpinned: this process may run on fewer than " + std::to_string(devices) + " CPUs)";
+    return " (threads unpinned: " + std::to_string(devices) + (devices == 1 ? " rank" : " ranks") + " for " +
+           std::to_string(cpu_mask().size()) + " CPUs)";
   std::string text = " on CPU";
   text += cores.size() == 1 ? " " : "s ";
   for (std::size_t i = 0; i < cores.size(); ++i) text += (i == 0 ? "" : ",") + std::to_string(cores[i]);
@@ -87,7 +88,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_flag("--no-cuda-graphs", f.device.no_cuda_graphs,
                "CUDA: enqueue each step's work instead of replaying it as a CUDA graph");
   app.add_flag("--no-pin", f.device.no_pin,
-               "CPU: leave each rank's threads unpinned (by default they run on a CPU of their own when there is one per rank)");
+               "CPU: leave each rank's threads unpinned (by default they run on a CPU of their own when the ranks are as many as the CPUs the process may use)");
   app.add_option("--mode", f.mode, "ddp, or dp for torch.nn.DataParallel's step: one host thread, device 0 holds the batch, the loss and the update")
       ->check(CLI::IsMember({"ddp", "dp"}))
       ->capture_default_str();

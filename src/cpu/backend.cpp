@@ -55,15 +55,20 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) { return std::make_unique<CpuBackend>(options); }
 
-std::vector<int> cpu_cores_for(std::size_t devices) {
+std::vector<int> cpu_mask() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (devices == 0 || sched_getaffinity(0, sizeof set, &set) != 0) return {};
-  std::vector<int> cores;
-  for (int c = 0; c < CPU_SETSIZE && cores.size() < devices; ++c)
-    if (CPU_ISSET(c, &set)) cores.push_back(c);
-  if (cores.size() < devices) return {};
-  return cores;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return {};  // more CPUs than a cpu_set_t holds
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+std::vector<int> cpu_cores_for(std::size_t devices) {
+  std::vector<int> cpus = cpu_mask();
+  if (cpus.size() != devices) return {};
+  return cpus;
 }
 
 }  // namespace mnist_mt
