@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("memcpy/1thread/" + s.label).c_str(),
                                  [bytes = s.bytes](benchmark::State& st) { bench_memcpy(st, bytes); });
   }
-  BackendOptions pinned;  // as mnist_mt runs them: a CPU each, when there is one per rank
+  BackendOptions pinned;  // as mnist_mt runs them: a CPU each when the ranks are as many as the CPUs
   pinned.pin_cpu_threads = true;
   std::unique_ptr<Backend> cpu = make_cpu_backend(pinned);
   register_allreduce(*cpu, kMaxCpuRanks);

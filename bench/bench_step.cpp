@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 
-  BackendOptions pinned;  // as mnist_mt runs them (--no-pin aside)
+  BackendOptions pinned;  // as mnist_mt runs them: a CPU each when the ranks are as many as the CPUs
   pinned.pin_cpu_threads = true;
   std::unique_ptr<Backend> cpu = make_cpu_backend(pinned);
   register_layers();
