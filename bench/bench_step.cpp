@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
   pinned.pin_cpu_threads = true;
   std::unique_ptr<Backend> cpu = make_cpu_backend(pinned);
   register_layers();
-  register_steps(*cpu, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), "cpu");
+  register_steps(*cpu, cpu->device_count(), "cpu");
   std::unique_ptr<Backend> cuda, cuda_eager;
   if (cuda_built()) {
     try {

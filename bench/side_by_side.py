@@ -122,7 +122,8 @@ def main():
     parser.add_argument("--builds", type=named_builds, default=None,
                         help="NAME=DIR,... meson build directories with mnist_mt (default: now=build)")
     parser.add_argument("--flags", type=build_flags, action="append", default=[],
-                        help="NAME=FLAGS: more flags for the runs of the build named NAME (repeatable)")
+                        help="NAME=FLAGS: more flags for mnist_mt's runs of the build named NAME, once per "
+                             "NAME (not bench_allreduce's busbw)")
     parser.add_argument("--modes", default="ddp", help="ddp, dp or ddp,dp")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--batches", default="4,64")
@@ -132,7 +133,11 @@ def main():
     parser.add_argument("--btl", default="self,tcp", help="Open MPI's transports for the processes layout")
     args = parser.parse_args()
     builds = args.builds or named_builds(f"now={ROOT / 'build'}")
-    flags = dict(args.flags)
+    flags = {}
+    for name, extra in args.flags:
+        if name in flags:
+            sys.exit(f"side_by_side.py: --flags: {name!r} is given twice (put all its flags in one)")
+        flags[name] = extra
     if len({name for name, _ in builds}) != len(builds):
         sys.exit("side_by_side.py: --builds: a name is used twice")
     for name in flags:
@@ -194,7 +199,8 @@ def main():
         lines += ["", f"Gradient allreduce ({args.ranks} ranks, bench_allreduce, medians; Open MPI btl {args.btl}):", "",
                   "| variant | busbw (GB/s) |", "|---|---:|"]
         lines += [f"| {label} | {statistics.median(values):.3f} |" for label, values in bandwidth.items()]
-    lines += ["", f"Machine: {cpu_model()}, {os.cpu_count()} cores usable. Date: {datetime.date.today().isoformat()}.",
+    lines += ["", f"Machine: {cpu_model()}, {len(os.sched_getaffinity(0))} cores usable. "
+              f"Date: {datetime.date.today().isoformat()}.",
               "", f"Command: `{shlex.join(['bench/side_by_side.py'] + sys.argv[1:])}`, which ran:", ""]
     lines += [f"- `{c}`" for c in commands]
     print("\n".join(lines))

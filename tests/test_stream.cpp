@@ -282,5 +282,17 @@ TEST(CpuDevice, PinnedDevicesRunBothStreamsOnACpuOfTheirOwnWhenTheyAreAsManyAsTh
   EXPECT_TRUE(cpu_cores_for(0).empty());
 }
 
+TEST(CpuDevice, ACpuItCannotRunOnLeavesItsThreadsUnpinnedWithAWarning) {
+  const std::vector<int> all = allowed_cpus();
+  testing::internal::CaptureStderr();
+  std::vector<std::unique_ptr<Device>> devices;
+  devices.push_back(std::make_unique<CpuDevice>(0, -1));
+  const auto cpus = stream_cpus(devices);
+  const std::string err = testing::internal::GetCapturedStderr();
+  for (const auto& c : cpus) EXPECT_EQ(c, all);
+  EXPECT_NE(err.find("mnist_mt: warning: cpu:0 compute runs unpinned: CPU -1: "), std::string::npos) << err;
+  EXPECT_NE(err.find("mnist_mt: warning: cpu:0 comm runs unpinned: CPU -1: "), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace mnist_mt::cpu

@@ -27,7 +27,7 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;  // "cpu", "cuda"
-  // Devices present (CPU: cores).
+  // Devices present (CPU: the CPUs of cpu_mask()).
   virtual int device_count() const = 0;
   // Main thread. `ids` are checked by the caller (distinct, < device_count()).
   virtual std::vector<std::unique_ptr<Device>> make_devices(std::span<const int> ids) = 0;
@@ -53,11 +53,13 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);
 // Throws InputError when the build has no CUDA.
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
 bool cuda_built();
-// The CPUs the calling thread may run on (its affinity mask, e.g. taskset's), in order.
+// The CPUs the calling thread may run on (its affinity mask: the process's as it started,
+// e.g. taskset's or a container's, unless the thread changed it), in order.
 std::vector<int> cpu_mask();
 // The CPUs a CPU backend with BackendOptions::pin_cpu_threads pins `devices` devices to,
 // device i to the i-th: cpu_mask() when it holds exactly one CPU per device; otherwise
-// none (empty), so that two runs on one machine never share CPUs they were pinned to.
+// none (empty): a run that uses part of the CPUs it may use claims none of them, so
+// that another run beside it is not crowded onto the same ones.
 std::vector<int> cpu_cores_for(std::size_t devices);
 
 }  // namespace mnist_mt

@@ -79,12 +79,12 @@ void add_data_flags(CLI::App& app, DataFlags& f) {
       ->allow_extra_args(false);
 }
 
-Devices pick_devices(const DeviceFlags& f) {
+Devices pick_devices(const DeviceFlags& f, bool pin_cpu_threads) {
   BackendOptions options;
   options.deterministic = f.deterministic;
   options.tf32 = f.tf32;
   options.cuda_graphs = !f.no_cuda_graphs;
-  options.pin_cpu_threads = f.pin_cpu_threads;
+  options.pin_cpu_threads = pin_cpu_threads;
   if (f.gpus) {
     Devices d{with_flag_names({{"backend", "--gpus"}}, [&] { return make_cuda_backend(options); }),
               parse_gpus(*f.gpus)};

@@ -29,8 +29,6 @@ struct DeviceFlags {
   bool tf32 = false;
   bool no_cuda_graphs = false;  // train's flag
   bool no_pin = false;          // train's flag
-  // Set by train: CPU devices pin their threads unless --no-pin (BackendOptions).
-  bool pin_cpu_threads = false;
 };
 
 struct DataFlags {
@@ -47,8 +45,9 @@ struct Devices {
   std::unique_ptr<Backend> backend;
   std::vector<int> ids;
 };
-// The backend and devices the flags name; no flag: every GPU, else a CPU rank per core.
-Devices pick_devices(const DeviceFlags& f);
+// The backend and devices the flags name; no flag: every GPU, else a CPU rank per CPU
+// the process may use. `pin_cpu_threads`: BackendOptions' (train's, unless --no-pin).
+Devices pick_devices(const DeviceFlags& f, bool pin_cpu_threads = false);
 
 // The checkpoint --load names; its errors name --load. Each command reads it before the
 // data is found or downloaded, so that a bad file is refused first.

@@ -29,6 +29,7 @@ int run_predict(const PredictFlags& f) {
   }
   std::vector<int> labels(images.size(), -1);
   const Checkpoint checkpoint = load_flag(f.load);
+  Devices devices = pick_devices(f.device);
   if (!f.indices.empty()) {
     const Dataset data = load_data(f.data, std::cout);
     for (std::int64_t index : f.indices) {
@@ -44,7 +45,6 @@ int run_predict(const PredictFlags& f) {
       labels.push_back(data.test.labels[static_cast<std::size_t>(index)]);
     }
   }
-  Devices devices = pick_devices(f.device);
   const std::vector<Prediction> predictions = predict(*devices.backend, devices.ids.front(), checkpoint, images);
   for (std::size_t i = 0; i < predictions.size(); ++i) {
     const Prediction& p = predictions[i];

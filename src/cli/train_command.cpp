@@ -72,9 +72,11 @@ int interrupted(const Interruption& i) {
 // Where the CPU devices' threads run, for the line that starts a run.
 std::string pinning(std::size_t devices) {
   const std::vector<int> cores = cpu_cores_for(devices);
-  if (cores.empty())
+  if (cores.empty()) {
+    const std::size_t cpus = cpu_mask().size();
     return " (threads unpinned: " + std::to_string(devices) + (devices == 1 ? " rank" : " ranks") + " for " +
-           std::to_string(cpu_mask().size()) + " CPUs)";
+           std::to_string(cpus) + (cpus == 1 ? " CPU)" : " CPUs)");
+  }
   std::string text = " on CPU";
   text += cores.size() == 1 ? " " : "s ";
   for (std::size_t i = 0; i < cores.size(); ++i) text += (i == 0 ? "" : ",") + std::to_string(cores[i]);
@@ -88,7 +90,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_flag("--no-cuda-graphs", f.device.no_cuda_graphs,
                "CUDA: enqueue each step's work instead of replaying it as a CUDA graph");
   app.add_flag("--no-pin", f.device.no_pin,
-               "CPU: leave each rank's threads unpinned (by default they run on a CPU of their own when the ranks are as many as the CPUs the process may use)");
+               "CPU: leave each rank's threads unpinned (by default, in one process, they run on a CPU of their own when the ranks are as many as the CPUs the process may use)");
   app.add_option("--mode", f.mode, "ddp, or dp for torch.nn.DataParallel's step: one host thread, device 0 holds the batch, the loss and the update")
       ->check(CLI::IsMember({"ddp", "dp"}))
       ->capture_default_str();
@@ -165,10 +167,9 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   config.timeout_s = f.timeout;
   config.progress = &out;
 
-  DeviceFlags device = f.device;
-  // Several processes: the launcher's binding applies (mpirun binds each to cores).
-  device.pin_cpu_threads = !f.device.no_pin && (processes == nullptr || processes->count() == 1);
-  Devices devices = pick_devices(device);
+  // Several processes (processes is null for one): the launcher's binding applies.
+  const bool pin = !f.device.no_pin && processes == nullptr;
+  Devices devices = pick_devices(f.device, pin);
   config.devices = devices.ids;
   // The values are checked before the data is found or downloaded.
   with_flag_names(kTrainFlags, [&] { check_train_config(config); });
@@ -177,7 +178,7 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   out << "mnist_mt: " << (config.mode == Mode::kDp ? "dp" : "ddp") << " on ";
   if (processes != nullptr) out << processes->count() << " processes x ";
   out << config.devices.size() << ' ' << devices.backend->name() << " device(s)";
-  if (device.pin_cpu_threads && devices.backend->name() == "cpu") out << pinning(config.devices.size());
+  if (pin && devices.backend->name() == "cpu") out << pinning(config.devices.size());
   out << ", batch " << config.batch
       << " per device, " << data.train.size() << " training and " << data.test.size() << " test images" << std::endl;
   const TrainResult result = with_flag_names(kTrainFlags, [&] { return train(*devices.backend, data, config); });

@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <thread>
 
 #include "communicator.hpp"
@@ -25,7 +26,8 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& options) : pin_(options.pin_cpu_threads) {}
   std::string name() const override { return "cpu"; }
-  int device_count() const override { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+  // The CPUs this thread may run on (taskset's, a container's), not every online one.
+  int device_count() const override { return std::max(1, static_cast<int>(cpu_mask().size())); }
 
   std::vector<std::unique_ptr<Device>> make_devices(std::span<const int> ids) override {
     const std::vector<int> cores = pin_ ? cpu_cores_for(ids.size()) : std::vector<int>{};
@@ -56,13 +58,21 @@ class CpuBackend final : public Backend {
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) { return std::make_unique<CpuBackend>(options); }
 
 std::vector<int> cpu_mask() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return {};  // more CPUs than a cpu_set_t holds
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  return cpus;
+  // A set as large as the kernel's: EINVAL until it holds every CPU the kernel counts.
+  for (std::size_t cpus = CPU_SETSIZE; cpus <= (std::size_t{1} << 20); cpus *= 2) {
+    cpu_set_t* set = CPU_ALLOC(cpus);
+    if (set == nullptr) return {};
+    const std::size_t size = CPU_ALLOC_SIZE(cpus);
+    CPU_ZERO_S(size, set);
+    const int got = sched_getaffinity(0, size, set);
+    std::vector<int> mask;
+    if (got == 0)
+      for (std::size_t c = 0; c < cpus; ++c)
+        if (CPU_ISSET_S(c, size, set)) mask.push_back(static_cast<int>(c));
+    CPU_FREE(set);
+    if (got == 0 || errno != EINVAL) return mask;
+  }
+  return {};
 }
 
 std::vector<int> cpu_cores_for(std::size_t devices) {

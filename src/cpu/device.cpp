@@ -8,33 +8,49 @@
 #include <sched.h>
 
 #include <chrono>
+#include <cstring>
+#include <iostream>
+#include <string>
 
 namespace mnist_mt::cpu {
 namespace {
 
-// The calling thread runs on `core` only, when given. A failure leaves it where it was:
-// pinning is a matter of speed, and the core came from the process's own mask.
-void run_on(std::optional<int> core) {
-  if (!core || *core < 0 || *core >= CPU_SETSIZE) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(*core, &set);
-  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+// The calling thread (`name`'s) runs on `core` only, when given. A failure leaves it
+// where it was, with a warning: pinning is a matter of speed, not of results.
+void run_on(std::optional<int> core, const std::string& name) {
+  if (!core) return;
+  int error = EINVAL;
+  if (*core >= 0) {
+    const auto cpus = static_cast<std::size_t>(*core) + 1;
+    cpu_set_t* set = CPU_ALLOC(cpus);
+    if (set != nullptr) {
+      const std::size_t size = CPU_ALLOC_SIZE(cpus);
+      CPU_ZERO_S(size, set);
+      CPU_SET_S(static_cast<std::size_t>(*core), size, set);
+      error = pthread_setaffinity_np(pthread_self(), size, set);
+      CPU_FREE(set);
+    } else {
+      error = ENOMEM;
+    }
+  }
+  if (error != 0)
+    std::cerr << "mnist_mt: warning: " << name << " runs unpinned: CPU " << *core << ": " << std::strerror(error)
+              << std::endl;
 }
 
 }  // namespace
 
 CpuDevice::CpuDevice(int id, std::optional<int> core)
     : id_(id),
-      compute_("cpu:" + std::to_string(id) + " compute", [core] {
-                   run_on(core);
+      compute_("cpu:" + std::to_string(id) + " compute", [core, id] {
+                   run_on(core, "cpu:" + std::to_string(id) + " compute");
                    omp_set_num_threads(1);
                    // Momentum decays unused weights' buffers into denormals after ~800 steps,
                    // which would make every update several times slower: flush them to zero.
                    _MM_SET_FLUSH_ZERO_MODE(_MM_FLUSH_ZERO_ON);
                    _MM_SET_DENORMALS_ZERO_MODE(_MM_DENORMALS_ZERO_ON);
                  }),
-      comm_("cpu:" + std::to_string(id) + " comm", [core] { run_on(core); }) {}
+      comm_("cpu:" + std::to_string(id) + " comm", [core, id] { run_on(core, "cpu:" + std::to_string(id) + " comm"); }) {}
 
 // comm_ is destroyed first, so compute tasks still queued that wait for it would wait on a
 // destroyed stream: they run now, while both streams exist. Comm tasks only wait for
