@@ -33,9 +33,11 @@ void run_on(std::optional<int> core, const std::string& name) {
       error = ENOMEM;
     }
   }
-  if (error != 0)
-    std::cerr << "mnist_mt: warning: " << name << " runs unpinned: CPU " << *core << ": " << std::strerror(error)
-              << std::endl;
+  if (error != 0) {  // one write: the device's other thread may warn at the same moment
+    const std::string line = "mnist_mt: warning: " + name + " runs unpinned: CPU " + std::to_string(*core) + ": " +
+                             std::strerror(error) + "\n";
+    std::cerr << line << std::flush;
+  }
 }
 
 }  // namespace
