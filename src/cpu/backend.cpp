@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <thread>
 
 #include "communicator.hpp"
 #include "device.hpp"
@@ -65,12 +64,13 @@ std::vector<int> cpu_mask() {
     const std::size_t size = CPU_ALLOC_SIZE(cpus);
     CPU_ZERO_S(size, set);
     const int got = sched_getaffinity(0, size, set);
+    const int error = got == 0 ? 0 : errno;
     std::vector<int> mask;
     if (got == 0)
       for (std::size_t c = 0; c < cpus; ++c)
         if (CPU_ISSET_S(c, size, set)) mask.push_back(static_cast<int>(c));
     CPU_FREE(set);
-    if (got == 0 || errno != EINVAL) return mask;
+    if (error != EINVAL) return mask;
   }
   return {};
 }

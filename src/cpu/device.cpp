@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <iostream>
