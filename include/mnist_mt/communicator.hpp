@@ -8,11 +8,10 @@
 #include <span>
 #include <string>
 
+#include "mnist_mt/device.hpp"
 #include "mnist_mt/error.hpp"
 
 namespace mnist_mt {
-
-enum class ReduceOp { kSum, kAverage };
 
 class Communicator {
  public:

@@ -16,6 +16,15 @@ namespace mnist_mt {
 
 enum class Lane { kCompute, kComm };
 
+enum class ReduceOp { kSum, kAverage };
+
+// A point in a stream's work that other streams can wait for, without the host waiting
+// (a CUDA event; a stream's ticket on CPU devices). Made by Device::make_event().
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+};
+
 // A moment in a stream's work, recorded by Device::mark().
 struct TimeMark {
   Lane lane = Lane::kCompute;
@@ -61,6 +70,25 @@ class Device {
   // Seconds from `from` to `to`, once the device has passed both; nullopt before.
   virtual std::optional<double> elapsed(const TimeMark& from, const TimeMark& to) = 0;
   static constexpr std::size_t kMarks = 1024;
+
+  // Events and the few operations a collective needs on the device (DESIGN.md decision
+  // 15; src/comm/local_group.hpp): a rank meets its peers on the host, and the devices
+  // order the work by events already recorded, so no stream ever waits on the host.
+  // Every call enqueues on `lane` and returns at once.
+  virtual std::unique_ptr<DeviceEvent> make_event() = 0;
+  // `event` is passed once the work enqueued on `lane` so far is done. Recording an event
+  // again moves it: a wait enqueued before still waits for the earlier record.
+  virtual void record(Lane lane, DeviceEvent& event) = 0;
+  // Work enqueued on `lane` from now on starts once `event` is passed; `event` was made
+  // by a device of the same backend in this process and has been recorded already.
+  virtual void wait_for(Lane lane, const DeviceEvent& event) = 0;
+  // out[j][i] = (((in[0][i] + in[1][i]) + in[2][i]) + ...) for i < count and every j, an
+  // average divided by `divisor` (multiplied by its inverse when that is a power of two,
+  // the same value): the CPU communicator's rank-order sum, bit for bit. The buffers are
+  // the device's; an output may be an input.
+  virtual void reduce(Lane lane, std::span<const float* const> in, std::span<float* const> out, std::size_t count,
+                      ReduceOp op, std::size_t divisor) = 0;
+  virtual void copy(Lane lane, float* to, const float* from, std::size_t count) = 0;
 
   // Recording (GPUs: CUDA graphs). Between begin_record() and end_record(), the work the
   // calling thread enqueues on the device's streams is recorded instead of run; mark()

@@ -12,9 +12,27 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels.hpp"
+#include "mnist_mt/error.hpp"
 
 namespace mnist_mt::cpu {
 namespace {
+
+struct CpuEvent final : DeviceEvent {
+  Stream* stream = nullptr;  // none until recorded
+  std::uint64_t ticket = 0;
+};
+
+// CpuEvent& or const CpuEvent&, as `event` is.
+template <typename Event>
+auto& cpu_event(Event& event) {
+  auto* e = dynamic_cast<std::conditional_t<std::is_const_v<Event>, const CpuEvent, CpuEvent>*>(&event);
+  if (e == nullptr) throw RuntimeFailure("an event of another kind of device given to a CPU device");
+  return *e;
+}
 
 // The calling thread (`name`'s) runs on `core` only, when given. A failure leaves it
 // where it was, with a warning: pinning is a matter of speed, not of results.
@@ -97,6 +115,34 @@ void CpuDevice::synchronize() {
     }
   }
   if (first) std::rethrow_exception(first);
+}
+
+std::unique_ptr<DeviceEvent> CpuDevice::make_event() { return std::make_unique<CpuEvent>(); }
+
+void CpuDevice::record(Lane which, DeviceEvent& event) {
+  CpuEvent& e = cpu_event(event);
+  e.stream = &lane(which);
+  e.ticket = e.stream->ticket();
+}
+
+void CpuDevice::wait_for(Lane which, const DeviceEvent& event) {
+  const CpuEvent& e = cpu_event(event);
+  if (e.stream == nullptr) throw RuntimeFailure(name() + ": a wait for an event never recorded");
+  lane(which).enqueue_wait(*e.stream, e.ticket);
+}
+
+void CpuDevice::reduce(Lane which, std::span<const float* const> in, std::span<float* const> out, std::size_t count,
+                       ReduceOp op, std::size_t divisor) {
+  lane(which).enqueue([in = std::vector<const float*>(in.begin(), in.end()),
+                       out = std::vector<float*>(out.begin(), out.end()), count, op, divisor] {
+    if (count > 0) reduce_in_order(in, 0, count, out, op, divisor);
+  });
+}
+
+void CpuDevice::copy(Lane which, float* to, const float* from, std::size_t count) {
+  lane(which).enqueue([to, from, count] {
+    if (count > 0) std::memcpy(to, from, count * sizeof(float));
+  });
 }
 
 }  // namespace mnist_mt::cpu

@@ -25,6 +25,13 @@ class CpuDevice final : public Device {
   TimeMark mark(Lane lane) override;
   std::optional<double> mark_time(const TimeMark& mark) override;
   std::optional<double> elapsed(const TimeMark& from, const TimeMark& to) override;
+  // An event is a stream and a ticket of it; waiting for it is Stream::enqueue_wait.
+  std::unique_ptr<DeviceEvent> make_event() override;
+  void record(Lane lane, DeviceEvent& event) override;
+  void wait_for(Lane lane, const DeviceEvent& event) override;
+  void reduce(Lane lane, std::span<const float* const> in, std::span<float* const> out, std::size_t count,
+              ReduceOp op, std::size_t divisor) override;
+  void copy(Lane lane, float* to, const float* from, std::size_t count) override;
 
   Stream& compute() { return compute_; }
   Stream& comm() { return comm_; }

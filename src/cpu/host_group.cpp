@@ -31,36 +31,9 @@ Chunk chunk_of(std::size_t count, int rank, int world) {
   return {begin, std::min(count, begin + per) - begin};
 }
 
-// out[i] = (((in[0][i] + in[1][i]) + in[2][i]) + ...) for i in the chunk, divided by
-// `world` for an average (in.size(), but for the processes' sums of a larger world), into
-// every buffer of `out`. The order of additions never depends on the chunk, hence the
-// reproducibility; the block keeps the loop vectorised and lets `out` alias an input.
-// Returns the sum of squares of the result's chunk, block by block while the block is in
-// cache.
-double reduce_chunk(std::span<float* const> in, Chunk chunk, std::span<float* const> out, ReduceOp op,
+double reduce_chunk(std::span<const float* const> in, Chunk chunk, std::span<float* const> out, ReduceOp op,
                     std::size_t world) {
-  constexpr std::size_t kBlock = 1024;
-  alignas(64) float acc[kBlock];
-  // x / W and x * (1/W) are the same correctly rounded value when W is a power of two.
-  const bool exact_inverse = (world & (world - 1)) == 0;
-  const float inverse = 1.0f / static_cast<float>(world), divisor = static_cast<float>(world);
-  double squares = 0;
-  for (std::size_t b = chunk.begin; b < chunk.begin + chunk.count; b += kBlock) {
-    const std::size_t n = std::min(kBlock, chunk.begin + chunk.count - b);
-    std::copy_n(in[0] + b, n, acc);
-    for (std::size_t s = 1; s < in.size(); ++s) {
-      const float* x = in[s] + b;
-      for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
-    }
-    if (op == ReduceOp::kAverage && exact_inverse) {
-      for (std::size_t i = 0; i < n; ++i) acc[i] *= inverse;
-    } else if (op == ReduceOp::kAverage) {
-      for (std::size_t i = 0; i < n; ++i) acc[i] /= divisor;
-    }
-    squares += sum_of_squares(acc, n);
-    for (float* o : out) std::copy_n(acc, n, o + b);
-  }
-  return squares;
+  return reduce_in_order(in, chunk.begin, chunk.count, out, op, world);
 }
 
 }  // namespace

@@ -3,8 +3,10 @@
 // All run on the calling thread (a device's compute stream) and allocate nothing.
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "isa.hpp"
+#include "mnist_mt/device.hpp"
 #include "mnist_mt/philox.hpp"
 #include "mnist_mt/replica.hpp"
 
@@ -42,6 +44,14 @@ void sgd_update(float* params, const float* grads, float* momentum, std::size_t 
 // The sum of x[i]^2 in double, added in the same order on every ISA (the gradients'
 // norm, which every rank must compute to the same bits).
 double sum_of_squares(const float* x, std::size_t count);
+
+// out[j][i] = (((in[0][i] + in[1][i]) + in[2][i]) + ...) for i in [begin, begin + count)
+// and every j, an average divided by `divisor` (times its inverse when a power of two:
+// the same correctly rounded value). The order of additions never depends on the range,
+// hence bitwise reproducible collectives (Device::reduce); an output may be an input.
+// Returns the sum of squares of the result's range, as sum_of_squares adds it per block.
+double reduce_in_order(std::span<const float* const> in, std::size_t begin, std::size_t count,
+                       std::span<float* const> out, ReduceOp op, std::size_t divisor);
 
 // The variants of dropout_forward, relu_dropout_backward, sgd_update and sum_of_squares
 // for one ISA; the functions above run those of kernel_isa().

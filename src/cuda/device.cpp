@@ -29,8 +29,8 @@ CudaDevice::CudaDevice(int id)
       compute_(make_stream(0)),
       comm_(make_stream(highest_priority())),
       copy_(make_stream(0)),
-      compute_mark_(make_event()),
-      comm_mark_(make_event()),
+      compute_mark_(cuda::make_event()),
+      comm_mark_(cuda::make_event()),
       origin_(make_timing_event()) {
   marks_.reserve(kMarks);
   for (std::size_t i = 0; i < kMarks; ++i) marks_.push_back(make_timing_event());

@@ -31,6 +31,13 @@ class CudaDevice final : public Device {
   TimeMark mark(Lane lane) override;
   std::optional<double> mark_time(const TimeMark& mark) override;
   std::optional<double> elapsed(const TimeMark& from, const TimeMark& to) override;
+  // Events and collective operations (device_ops.cpp): the local group's.
+  std::unique_ptr<DeviceEvent> make_event() override;
+  void record(Lane lane, DeviceEvent& event) override;
+  void wait_for(Lane lane, const DeviceEvent& event) override;
+  void reduce(Lane lane, std::span<const float* const> in, std::span<float* const> out, std::size_t count,
+              ReduceOp op, std::size_t divisor) override;
+  void copy(Lane lane, float* to, const float* from, std::size_t count) override;
 
   // CUDA graphs: the compute stream captures (thread-local mode, as NCCL asks of a
   // thread per GPU), and the streams that wait for it join the capture.
@@ -40,7 +47,7 @@ class CudaDevice final : public Device {
   std::size_t replay(RecordedStep& step, std::span<TimeMark> marks) override;
   // Main thread, by the communicators made for the device: whether its steps may be
   // recorded (on with BackendOptions::cuda_graphs, off for ranks that share a GPU, whose
-  // collectives run through host callbacks that a replay would not repeat).
+  // collectives meet on the host at every call, which a replay would not repeat).
   void allow_record(bool allowed) { record_allowed_ = allowed; }
   bool recording() const { return recording_; }
   // Records `event` on `stream`; while recording, as a node of the graph (an external
@@ -51,6 +58,7 @@ class CudaDevice final : public Device {
   cudaStream_t compute() const { return compute_.get(); }
   cudaStream_t comm() const { return comm_.get(); }
   cudaStream_t copy() const { return copy_.get(); }
+  cudaStream_t stream(Lane lane) const { return lane == Lane::kCompute ? compute() : comm(); }
 
   // Main thread, by the communicator group made for this device: its abort flag, which
   // the device reports from then on, and a check that throws when the group has failed

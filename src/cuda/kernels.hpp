@@ -102,4 +102,11 @@ inline constexpr unsigned kSquareBlocks = 128;
 inline constexpr std::size_t kSquareScratch = kSquareBlocks + 1;
 void sum_of_squares(const float* x, std::size_t count, double* scratch, StreamHandle stream);
 
+// The local group's reduction (Device::reduce): out[j][i] = in[0][i] + in[1][i] + ... in
+// that order, an average divided by `divisor` as the CPU backend divides, for every out.
+// At most kReduceBuffers inputs and as many outputs; an output may be an input.
+inline constexpr std::size_t kReduceBuffers = 32;
+void reduce_in_order(const float* const* in, std::size_t inputs, float* const* out, std::size_t outputs,
+                     std::size_t count, bool average, std::size_t divisor, StreamHandle stream);
+
 }  // namespace mnist_mt::cuda
