@@ -5,7 +5,6 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <iostream>
 
 namespace {
@@ -22,13 +21,9 @@ int cuda_devices() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Before the first CUDA call: every kernel loaded at start, which ranks sharing a GPU
-  // need (staged_communicator.cpp); the tests run such layouts. And as many hardware
-  // queues as CUDA allows (32, not 8): a staged collective's waiting kernel must not stand
-  // in one queue ahead of a peer's copy that it waits for (a guess at why one thread
-  // driving three ranks on one GPU hung on the H200 on 2026-12-04; not yet run again).
-  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+  // CUDA_MODULE_LOADING and CUDA_DEVICE_MAX_CONNECTIONS stay as the environment has them:
+  // ranks that share a GPU order their work by recorded events only, whatever the
+  // hardware queues or the loading of kernels.
   testing::InitGoogleTest(&argc, argv);
   if (cuda_devices() > 0) return RUN_ALL_TESTS();
   std::cout << "no CUDA device: running only the *Anywhere tests, then reporting the binary as skipped\n";

@@ -1,23 +1,31 @@
 // The CUDA communicators, each rank on its own thread as the trainer runs them, in two
-// layouts: NCCL over every visible GPU, and three ranks sharing GPU 0 (staged through
-// host memory): allreduce, broadcast, reduce, barrier and allreduce_host against results
-// computed on the host, one thread driving every rank, and abort() releasing ranks that
-// wait for a peer. Needs a GPU (gpu_main.cpp); the error test runs everywhere.
+// layouts: NCCL over every visible GPU, and three ranks sharing GPU 0 (the local group,
+// src/comm): allreduce, broadcast, reduce, barrier and allreduce_host against results
+// computed on the host, one thread driving every rank, abort() releasing ranks that wait
+// for a peer, and ranks sharing the GPU summing the bits CPU ranks sum. Needs a GPU
+// (gpu_main.cpp); the error test runs everywhere.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <condition_variable>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "comm/local_group.hpp"
+#include "cpu/communicator.hpp"
+#include "cpu/device.hpp"
 #include "mnist_mt/backend.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
@@ -74,7 +82,7 @@ class DeviceFloats {
 };
 
 // Device ids of a layout: every visible GPU (one NCCL communicator each), or three ranks
-// on GPU 0 (the staged communicator).
+// on GPU 0 (the local group).
 std::vector<int> all_gpus() {
   std::vector<int> ids(static_cast<std::size_t>(gpu_count()));
   std::iota(ids.begin(), ids.end(), 0);
@@ -87,7 +95,8 @@ struct Group {
     devices = backend->make_devices(ids);
     std::vector<Device*> raw;
     for (auto& d : devices) raw.push_back(d.get());
-    comms = backend->make_communicators(raw);
+    const bool shared = std::set<int>(ids.begin(), ids.end()).size() != ids.size();
+    comms = shared ? make_local_communicators(raw) : backend->make_communicators(raw);
   }
   int world() const { return static_cast<int>(devices.size()); }
 
@@ -130,7 +139,7 @@ std::vector<float> rank_values(int rank, std::size_t count) {
 }
 float sum_over_ranks(int world, std::size_t i) { return static_cast<float>(world * (world + 1) / 2 * (i % 7 + 1)); }
 
-// Also a count over a whole gradient, which the staged communicator moves in pieces.
+// Also a count over a whole gradient.
 TEST_P(CudaComm, AllreduceSumsOverEveryGpu) {
   Group g(ids());
   for (const std::size_t count : {kCount, 3 * kParamCount + 5}) {
@@ -207,8 +216,8 @@ TEST_P(CudaComm, BarrierCompletesOnEveryRank) {
   });
 }
 
-// One thread issues every rank's collective, as the DataParallel baseline does; NCCL
-// needs them inside one group, the staged communicator returns from each at once.
+// One thread issues every rank's collective, as the DataParallel baseline does: inside
+// one group, NCCL's and the local group's.
 TEST_P(CudaComm, OneThreadDrivesEveryRank) {
   Group g(ids());
   std::vector<std::unique_ptr<DeviceFloats>> bufs;
@@ -217,10 +226,12 @@ TEST_P(CudaComm, OneThreadDrivesEveryRank) {
     bufs.push_back(std::make_unique<DeviceFloats>(rank_values(r, kCount)));
   }
   g.backend->group_start();
+  local_group_start();
   for (int r = 0; r < g.world(); ++r) {
     g.devices[r]->activate();
     g.comms[r]->allreduce(bufs[r]->data(), kCount, ReduceOp::kSum);
   }
+  local_group_end();
   g.backend->group_end();
   for (int r = 0; r < g.world(); ++r) {
     g.devices[r]->activate();
@@ -233,6 +244,53 @@ TEST_P(CudaComm, OneThreadDrivesEveryRank) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CudaComm, testing::Bool(),
                          [](const testing::TestParamInfo<bool>& i) { return i.param ? "SharedGpu" : "Nccl"; });
+
+// Ranks that share the GPU add in rank order, as CPU ranks do: the same bits, for a sum
+// and for averages by three (a division) and by four (a multiplication by the inverse),
+// on values whose order of additions shows in the bits.
+TEST(CudaCommSharedGpu, SumsTheBitsCpuRanksSum) {
+  constexpr std::size_t kValues = 100'003;
+  for (int world : {3, 4}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      SCOPED_TRACE(testing::Message() << world << " ranks, op " << int(op));
+      std::mt19937 rng(static_cast<unsigned>(world));
+      std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+      std::uniform_int_distribution<int> exponent(-12, 12);
+      std::vector<std::vector<float>> values(static_cast<std::size_t>(world), std::vector<float>(kValues));
+      for (auto& v : values)
+        for (float& x : v) x = std::ldexp(mantissa(rng), exponent(rng));
+
+      std::vector<std::vector<float>> on_cpu = values;
+      {
+        std::vector<std::unique_ptr<cpu::CpuDevice>> cpus;
+        std::vector<cpu::CpuDevice*> raw;
+        for (int r = 0; r < world; ++r) {
+          cpus.push_back(std::make_unique<cpu::CpuDevice>(r));
+          raw.push_back(cpus.back().get());
+        }
+        const auto comms = cpu::make_communicators(raw, {});
+        for (int r = 0; r < world; ++r) comms[r]->allreduce(on_cpu[r].data(), kValues, op);
+        for (auto& d : cpus) d->synchronize();
+      }
+
+      Group g(std::vector<int>(static_cast<std::size_t>(world), 0));
+      std::vector<std::unique_ptr<DeviceFloats>> bufs;
+      for (int r = 0; r < world; ++r) {
+        g.devices[r]->activate();
+        bufs.push_back(std::make_unique<DeviceFloats>(values[r]));
+      }
+      g.on_every_rank([&](int r) {
+        g.comms[r]->allreduce(bufs[r]->data(), kValues, op);
+        g.devices[r]->synchronize();
+      });
+      for (int r = 0; r < world; ++r) {
+        g.devices[r]->activate();
+        const std::vector<float> got = bufs[r]->read();
+        EXPECT_EQ(std::memcmp(got.data(), on_cpu[r].data(), kValues * sizeof(float)), 0) << "rank " << r;
+      }
+    }
+  }
+}
 
 // Counts the threads that have finished, without join(): a thread stuck in a collective
 // must fail the test, not hang it in a destructor.

@@ -3,7 +3,7 @@
 // one GPU trains what one CPU rank trains, a failing rank among peers on the GPU stops
 // every rank, a resumed run continues an uninterrupted one bit for bit, and a step replayed
 // as a CUDA graph trains what the step enqueued call by call does. Needs a GPU
-// (gpu_main.cpp); several ranks on one GPU use the staged communicator.
+// (gpu_main.cpp); several ranks on one GPU meet in the local group (src/comm).
 #include <gtest/gtest.h>
 #include <unistd.h>
 

@@ -50,9 +50,10 @@ class StopRequest {
 
 struct TrainConfig {
   Mode mode = Mode::kDdp;
-  // Device ids; rank i drives devices[i]. An id may repeat: ranks that share a GPU
-  // exchange gradients through pinned host memory instead of NCCL (slow, but it runs
-  // the multi-rank GPU code on a one-GPU host; the CLI refuses it).
+  // Device ids; rank i drives devices[i]. An id may repeat: ranks that share a device
+  // meet in the local group (src/comm/local_group.hpp) instead of the backend's
+  // collectives, on every backend, in one process (it runs the multi-rank GPU code on a
+  // one-GPU host; the CLI refuses it).
   std::vector<int> devices;
   std::uint32_t epochs = 1;        // the run's total: a resumed run trains what is left
   std::uint32_t batch = 64;        // per device

@@ -12,7 +12,6 @@
 #include "errors.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
-#include "staged_communicator.hpp"
 
 namespace mnist_mt::cuda {
 namespace {
@@ -338,10 +337,9 @@ std::vector<std::unique_ptr<Communicator>> make_communicators(std::span<CudaDevi
                                                               const Place& place) {
   std::set<int> ids;
   for (CudaDevice* d : devices) ids.insert(d->id());
-  if (ids.size() != devices.size()) {
-    if (place.process_count() > 1) throw InputError("ranks that share a GPU run in one process only");
-    return make_staged_communicators(devices);
-  }
+  if (ids.size() != devices.size())
+    throw RuntimeFailure("NCCL takes one rank a GPU: ranks that share a GPU meet in the local group "
+                         "(make_local_communicators)");
 
   auto group = std::make_shared<NcclGroup>(devices, place);
   std::vector<std::unique_ptr<Communicator>> comms;

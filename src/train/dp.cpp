@@ -9,6 +9,7 @@
 // sample, masks what DDP's rank d masks.
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/local_group.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
@@ -63,24 +65,31 @@ class DpLoop {
     return *run_.devices[d];
   }
 
-  // Runs `op(d)` for every rank inside one group of collectives. The group is closed
-  // even when a call inside it throws: an open NCCL group would hold every later call of
-  // this thread, the aborts of the failure path included.
+  // Runs `op(d)` for every rank inside one group of collectives (the backend's, NCCL's,
+  // and the local group's of ranks that share a device). Both groups are closed even when
+  // a call inside throws: an open NCCL group would hold every later call of this thread,
+  // the aborts of the failure path included. The first error is the one reported.
   void collective(const std::function<void(int)>& op) {
     run_.backend.group_start();
+    local_group_start();
+    std::exception_ptr first;
     try {
       for (int d = 0; d < run_.ranks(); ++d) {
         on(d).comm_wait_compute();
         op(d);
       }
     } catch (...) {
-      try {
-        run_.backend.group_end();
-      } catch (...) {  // the first error is the one to report
-      }
-      throw;
+      first = std::current_exception();
     }
-    run_.backend.group_end();
+    const std::function<void()> ends[] = {local_group_end, [this] { run_.backend.group_end(); }};
+    for (const auto& end : ends) {
+      try {
+        end();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
   }
 
   // Device 0's parameters to every device; the host waits until all have them.

@@ -10,9 +10,11 @@
 #include <iostream>
 #include <limits>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 
+#include "comm/local_group.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/sampler.hpp"
@@ -141,12 +143,16 @@ ShardLayout layout_of(const TrainConfig& config, const Place& place, const Check
   return layout;
 }
 
-std::vector<std::unique_ptr<Communicator>> communicators(Backend& backend,
+// The backend's collectives for ranks on devices of their own; the local group, on any
+// backend, when ranks share a device (an id repeats), which NCCL cannot serve.
+std::vector<std::unique_ptr<Communicator>> communicators(Backend& backend, std::span<const int> ids,
                                                          const std::vector<std::unique_ptr<Device>>& devices,
                                                          const Place& place) {
   std::vector<Device*> raw;
   for (const auto& d : devices) raw.push_back(d.get());
-  return backend.make_communicators(raw, place);
+  if (std::set<int>(ids.begin(), ids.end()).size() == ids.size()) return backend.make_communicators(raw, place);
+  if (place.process_count() > 1) throw SameOnEveryProcess("ranks that share a device run in one process only");
+  return make_local_communicators(raw, place.shards);
 }
 
 // How long a released rank may take to return before the process gives up on it.
@@ -190,7 +196,7 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
       start(starting_point(config, data, place.world)),
       layout(layout_of(config, place, start, backend)),
       devices(backend.make_devices(config.devices)),
-      comms(communicators(backend, devices, sharded_place())),
+      comms(communicators(backend, config.devices, devices, sharded_place())),
       loaders(data, train_shards(), test_shards(), start.seed, static_cast<std::uint32_t>(devices.size())),
       progress(config.progress, std::uint64_t{config.batch} * static_cast<std::uint64_t>(place.world)),
       saver_(config.keep),

@@ -15,8 +15,8 @@
 #   OUT=/dir/for/results tests/gpu/run_gpu_suite.sh
 #
 # The checks, each under a time limit: the GPU test binaries (collectives over NCCL and
-# over ranks sharing one GPU; the replica, each kernel and the trainer against the CPU
-# backend, judged by saved checkpoints), PyTorch on the same GPU taking the same 200
+# in the local group of ranks sharing one GPU; the replica, each kernel and the trainer
+# against the CPU backend, judged by saved checkpoints), PyTorch on the same GPU taking the same 200
 # steps from the same weights (step_trace + torch_compare.py, TF32 off), one epoch of
 # training, a worker fault (exit 3, no hang), and the step and allreduce benchmarks.
 # The checks of one rank a GPU run first, those of ranks sharing one GPU last. A check
@@ -179,8 +179,8 @@ cat "$summary"
 
 # GPU test binaries: exit 77 means no GPU was found; a test skipped inside is a skip.
 # gtest BINARY PART SECONDS [FILTER]: one binary's tests (those of FILTER), as check
-# "BINARY[PART]". Ranks sharing one GPU (staged through host memory) come last: on the
-# last GPU host they hung, so the checks of one rank a GPU go first.
+# "BINARY[PART]". Ranks sharing one GPU (the local group) come last, so that a failure
+# there costs none of the other evidence.
 gtest() {
   local binary=$1 part=$2 limit=$3 filter=${4:-*} name="$1[$2]"
   if [ ! -x "$bin/$binary" ]; then record "$name" FAIL "not in the bundle"; return; fi
@@ -239,7 +239,7 @@ fi
 
 # Ranks sharing one GPU, last.
 gtest test_cuda_trainer shared-gpu 45 "$shared_trainer"
-gtest test_cuda_comm shared-gpu 40 '*/SharedGpu:CudaCommAbort.*'
+gtest test_cuda_comm shared-gpu 40 '*/SharedGpu:CudaCommSharedGpu.*:CudaCommAbort.*'
 python3 - "$out/gtest.json" "$work"/test_cuda_*.json <<'PY' 2>>"$log"
 import json, sys
 merged = {}
