@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "cpu/device.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/processes.hpp"
+#include "mpi/local_devices.hpp"
 
 namespace mnist_mt::cpu {
 namespace {
@@ -31,10 +33,11 @@ using namespace std::chrono_literals;
 // (every process deposits, then every process has copied) so that a slot is never
 // overwritten while a peer reads it.
 struct Meeting {
-  explicit Meeting(int processes) : slots(processes) {}
+  explicit Meeting(int processes) : slots(processes), hosts(processes, "localhost") {}
   std::mutex mutex;
   std::condition_variable cv;
   std::vector<std::vector<char>> slots;
+  std::vector<std::string> hosts;
   int deposited = 0, copied = 0;
   std::uint64_t round = 0;
   std::atomic<int> waiting{0};  // processes inside an exchange
@@ -45,7 +48,7 @@ class ThreadProcesses final : public Processes {
   ThreadProcesses(std::shared_ptr<Meeting> meeting, int index) : meeting_(std::move(meeting)), index_(index) {}
   int index() const override { return index_; }
   int count() const override { return static_cast<int>(meeting_->slots.size()); }
-  const std::string& host(int) const override { return host_; }
+  const std::string& host(int process) const override { return meeting_->hosts.at(static_cast<std::size_t>(process)); }
 
   void allgather(const void* mine, void* all, std::size_t bytes, const std::function<bool()>& stop) override {
     Meeting& m = *meeting_;
@@ -91,7 +94,6 @@ class ThreadProcesses final : public Processes {
 
   std::shared_ptr<Meeting> meeting_;
   int index_;
-  std::string host_ = "localhost";
 };
 
 // P pretend processes of L CPU ranks each: world rank p*L + l is process p's rank l.
@@ -230,6 +232,90 @@ TEST(Processes, AnAbortReleasesARankWaitingForAnotherProcess) {
   w.comms[1]->abort();
   for (int r = 0; r < 2; ++r) EXPECT_THROW(w.devices[static_cast<std::size_t>(r)]->synchronize(), Aborted) << r;
   EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+}
+
+// The local-rank rule (src/mpi/local_devices.hpp): the processes of a host split their
+// --gpus list in process order; processes of a host never share a GPU.
+using Lists = std::vector<std::vector<int>>;
+
+std::string names(const std::vector<int>& which) {
+  std::string text;
+  for (const int p : which) text += (text.empty() ? "process " : ", process ") + std::to_string(p);
+  return text;
+}
+
+// Every process's share, or the error every process finds alike.
+Lists shares(const std::vector<std::string>& hosts, const Lists& lists) { return launch_shares(hosts, lists, names); }
+
+std::string refusal(const std::vector<std::string>& hosts, const Lists& lists) {
+  try {
+    shares(hosts, lists);
+  } catch (const SameOnEveryProcess& e) {
+    EXPECT_EQ(e.input(), "gpus");
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+TEST(LocalDevices, LocalRankCountsTheProcessesOfOneHostInProcessOrder) {
+  const std::vector<std::string> hosts = {"a", "b", "a", "a", "b"};
+  const int expected[][2] = {{0, 3}, {0, 2}, {1, 3}, {2, 3}, {1, 2}};
+  for (int p = 0; p < 5; ++p) {
+    const LocalRank r = local_rank(hosts, p);
+    EXPECT_EQ(r.index, expected[p][0]) << p;
+    EXPECT_EQ(r.count, expected[p][1]) << p;
+  }
+}
+
+TEST(LocalDevices, OneProcessKeepsItsList) {
+  const std::vector<int> listed = {3, 1, 2};
+  EXPECT_EQ(devices_for_local_rank(listed, 0, 1), listed);
+  EXPECT_EQ(shares({"a"}, {listed}), Lists{listed});
+}
+
+TEST(LocalDevices, TwoProcessesOnOneHostSplitTheListInOrder) {
+  EXPECT_EQ(shares({"a", "a"}, {{0, 1}, {0, 1}}), (Lists{{0}, {1}}));
+  EXPECT_EQ(shares({"a", "a"}, {{0, 1, 2, 3}, {0, 1, 2, 3}}), (Lists{{0, 1}, {2, 3}}));  // the README's example
+  EXPECT_EQ(shares({"a", "a"}, {{3, 2}, {3, 2}}), (Lists{{3}, {2}}));  // the list's order, not the numbers'
+}
+
+TEST(LocalDevices, FourProcessesOnTwoHostsSplitEachHostsList) {
+  // Blocks (mpirun's default) and round robin (srun --distribution=cyclic).
+  EXPECT_EQ(shares({"a", "a", "b", "b"}, Lists(4, {0, 1, 2, 3})), (Lists{{0, 1}, {2, 3}, {0, 1}, {2, 3}}));
+  EXPECT_EQ(shares({"a", "b", "a", "b"}, Lists(4, {0, 1})), (Lists{{0}, {0}, {1}, {1}}));
+}
+
+TEST(LocalDevices, AListThatDoesNotSplitIsRefusedNamingItsHostAndProcesses) {
+  EXPECT_THROW(devices_for_local_rank(std::vector<int>{0, 1, 2}, 0, 2), InputError);
+  EXPECT_EQ(refusal({"a", "b", "b"}, Lists(3, {0, 1, 2})),
+            "GPUs 0,1,2 do not split evenly among 2 processes on host b (process 1, process 2): each process of a "
+            "host takes an equal share of the list, in order");
+  // One process per host keeps any list.
+  EXPECT_EQ(shares({"a", "b"}, Lists(2, {0, 1, 2})), Lists(2, {0, 1, 2}));
+}
+
+TEST(LocalDevices, ProcessesOfOneHostGivenOverlappingListsAreRefused) {
+  // Process 0 takes the first half of 2,3,0,1 and process 1 the second of 0,1,2,3.
+  EXPECT_EQ(refusal({"a", "a"}, {{2, 3, 0, 1}, {0, 1, 2, 3}}),
+            "process 0, process 1 both take GPU 2: the processes of a host need the same list (each takes its "
+            "share) or lists that do not overlap");
+  // Lists of their own that do not overlap are fine, of any lengths that split.
+  EXPECT_EQ(shares({"a", "a"}, {{0, 1}, {4, 5, 2, 3}}), (Lists{{0}, {2, 3}}));
+}
+
+TEST(LocalDevices, TheSameGpuNumbersOnDifferentHostsAreNoClash) {
+  EXPECT_EQ(shares({"a", "b"}, {{0}, {0}}), (Lists{{0}, {0}}));
+  EXPECT_FALSE(find_clash(std::vector<std::string>{"a", "b"}, Lists{{0, 1}, {1, 0}}));
+  const auto clash = find_clash(std::vector<std::string>{"a", "b", "a"}, Lists{{0, 1}, {1}, {1}});
+  ASSERT_TRUE(clash);
+  EXPECT_EQ(clash->first, 0);
+  EXPECT_EQ(clash->second, 2);
+  EXPECT_EQ(clash->device, 1);
+}
+
+TEST(LocalDevices, ProcessesOnCpusTakeNoGpu) {
+  EXPECT_EQ(shares({"a", "a", "a"}, {{}, {}, {}}), Lists(3));
 }
 
 }  // namespace

@@ -7,11 +7,14 @@
 #include <cstdlib>
 #include <iostream>
 #include <limits>
+#include <span>
 #include <string_view>
+#include <utility>
 
 #include "mnist_mt/data_source.hpp"
 #include "mnist_mt/download.hpp"
 #include "mnist_mt/error.hpp"
+#include "mpi/local_devices.hpp"
 
 namespace mnist_mt::cli {
 namespace {
@@ -103,6 +106,16 @@ Devices pick_devices(const DeviceFlags& f, bool pin_cpu_threads) {
     return d;
   }
   return default_devices(options);
+}
+
+void take_host_share(Devices& d, const DeviceFlags& f, Processes& processes, double timeout_s) {
+  const bool gpus = d.backend->name() != "cpu";
+  try {
+    std::vector<int> share = host_share(processes, gpus ? std::span<const int>(d.ids) : std::span<const int>(), timeout_s);
+    if (gpus) d.ids = std::move(share);
+  } catch (const SameOnEveryProcess& e) {
+    throw SameOnEveryProcess(std::string(f.gpus ? "--gpus" : "every GPU of each host (no --gpus)") + ": " + e.what());
+  }
 }
 
 Checkpoint load_flag(const std::filesystem::path& path) {

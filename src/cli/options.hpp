@@ -19,6 +19,7 @@
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
+#include "mnist_mt/processes.hpp"
 
 namespace mnist_mt::cli {
 
@@ -48,6 +49,10 @@ struct Devices {
 // The backend and devices the flags name; no flag: every GPU, else a CPU rank per CPU
 // the process may use. `pin_cpu_threads`: BackendOptions' (train's, unless --no-pin).
 Devices pick_devices(const DeviceFlags& f, bool pin_cpu_threads = false);
+// Under a launcher: the processes that share a host split their GPU lists by local rank
+// (src/mpi/local_devices.hpp), every process's list exchanged within `timeout_s`; CPU
+// devices stay as they are. Every process calls it; its errors name --gpus.
+void take_host_share(Devices& d, const DeviceFlags& f, Processes& processes, double timeout_s);
 
 // The checkpoint --load names; its errors name --load. Each command reads it before the
 // data is found or downloaded, so that a bad file is refused first.

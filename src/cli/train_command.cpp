@@ -170,6 +170,7 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   // Several processes (processes is null for one): the launcher's binding applies.
   const bool pin = !f.device.no_pin && processes == nullptr;
   Devices devices = pick_devices(f.device, pin);
+  if (processes != nullptr) take_host_share(devices, f.device, *processes, config.timeout_s);
   config.devices = devices.ids;
   // The values are checked before the data is found or downloaded.
   with_flag_names(kTrainFlags, [&] { check_train_config(config); });
