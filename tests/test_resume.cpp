@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -276,6 +277,51 @@ TEST_F(ResumeTest, AMidEpochCheckpointRefusesAnotherGlobalBatch) {
                             "this run's"),
             std::string::npos)
       << said.str();
+}
+
+// A position the run cannot continue from is refused when the file is loaded: a step
+// past the end of its epoch, or a step count with no room for the run's steps.
+TEST_F(ResumeTest, ACheckpointPositionOutsideTheRunIsRefusedAtLoad) {
+  TrainConfig c = config_for(2, 8);
+  c.epochs = 2;
+  save_all(c, "model.safetensors", 5);
+  run(c);
+  const Checkpoint good = load_checkpoint(numbered_checkpoint(*c.save, 5));
+  TrainConfig resume = c;
+  resume.save.reset();
+  resume.keep = 1;
+  resume.save_every = 0;
+  resume.load = dir_ / "bad.safetensors";
+  const auto refused = [&](Checkpoint bad, const std::string& why) {
+    save_checkpoint(*resume.load, bad);
+    try {
+      run(resume);
+      ADD_FAILURE() << "resumed from " << why;
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.input(), "load");
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  Checkpoint past = good;
+  past.epoch_step = 40;  // 640 images in steps of 16
+  refused(past, ": its position, step 40 of epoch 1, is past the end of an epoch of 40 steps of 16 images");
+  Checkpoint full = good;
+  full.step = std::numeric_limits<std::uint64_t>::max();
+  refused(full, ": its step count, 18446744073709551615, leaves no room for the 80 steps of 2 more epochs");
+  full.step -= 80;  // just room
+  save_checkpoint(*resume.load, full);
+  EXPECT_EQ(run(resume).epochs.size(), 2u);
+}
+
+// Any finite timeout works, however large: the watchdog compares seconds, which a count
+// of nanoseconds would overflow past 9.2e9 s.
+TEST_F(ResumeTest, AnyFiniteTimeoutLetsTheRunFinish) {
+  for (double timeout : {9.3e9, 1e300}) {
+    TrainConfig c = config_for(2, 8);
+    c.max_steps = 3;
+    c.timeout_s = timeout;
+    EXPECT_EQ(run(c).epochs.size(), 1u) << timeout;
+  }
 }
 
 TEST_F(ResumeTest, AnAbortRequestReleasesEveryRankAndThrowsInterrupted) {

@@ -24,13 +24,37 @@ namespace {
 
 void check(const TrainConfig& config, const Dataset& data, int world) {
   check_train_config(config);
+  // A run of no epochs only evaluates: its batches shard the test set.
+  const bool evaluating = config.epochs == 0;
+  const std::size_t images = evaluating ? data.test.size() : data.train.size();
   const std::uint64_t global = std::uint64_t{config.batch} * static_cast<std::uint64_t>(world);
-  if (global > data.train.size()) {
+  if (global > images) {
     throw InputError("the global batch, " + std::to_string(global) + " images (batch size " +
-                         std::to_string(config.batch) + " on " + std::to_string(world) +
-                         " ranks), exceeds the " + std::to_string(data.train.size()) + " training images",
+                         std::to_string(config.batch) + " on " + std::to_string(world) + " ranks), exceeds the " +
+                         std::to_string(images) + (evaluating ? " test images" : " training images"),
                      "batch");
   }
+}
+
+// A checkpoint's position that this run can continue from: a step within its epoch (of
+// its global batch), and a step count with room for every step the run adds to it.
+void check_position(const Checkpoint& c, const TrainConfig& config, const Dataset& data, int world) {
+  if (config.epochs == 0) return;  // evaluation reads the weights only
+  const std::string file = config.load->string();
+  const std::uint64_t global =
+      c.global_batch() != 0 ? c.global_batch() : std::uint64_t{config.batch} * static_cast<std::uint64_t>(world);
+  const std::uint64_t per_epoch = data.train.size() / global;
+  if (c.epoch_step != 0 && c.epoch_step >= per_epoch)
+    throw InputError(file + ": its position, step " + std::to_string(c.epoch_step) + " of epoch " +
+                         std::to_string(c.epoch + 1) + ", is past the end of an epoch of " +
+                         std::to_string(per_epoch) + " steps of " + std::to_string(global) + " images",
+                     "load");
+  const std::uint64_t left = config.epochs > c.epoch ? std::uint64_t{config.epochs - c.epoch} * per_epoch : 0;
+  if (c.step > std::numeric_limits<std::uint64_t>::max() - left)
+    throw InputError(file + ": its step count, " + std::to_string(c.step) + ", leaves no room for the " +
+                         std::to_string(left) + " steps of " + std::to_string(config.epochs - c.epoch) +
+                         " more epochs",
+                     "load");
 }
 
 // Where this process's ranks are: the processes agree that each runs as many ranks.
@@ -69,11 +93,14 @@ Place place_of(const TrainConfig& config) {
 Checkpoint starting_point(const TrainConfig& config, const Dataset& data, int world) {
   check(config, data, world);
   if (config.load) {
+    Checkpoint loaded;
     try {
-      return load_checkpoint(*config.load);
+      loaded = load_checkpoint(*config.load);
     } catch (const InputError& e) {
       throw InputError(e.what(), "load");
     }
+    check_position(loaded, config, data, world);
+    return loaded;
   }
   Checkpoint start;
   start.params.resize(kParamCount);

@@ -58,7 +58,6 @@ void Watchdog::beat(int rank, std::uint64_t step, Phase phase) {
 bool Watchdog::check_stall() {
   if (timeout_s_ <= 0) return false;
   const std::int64_t now = now_ns();
-  const auto limit = static_cast<std::int64_t>(timeout_s_ * 1e9);
   int stalled = -1;
   std::tuple<std::uint64_t, int, std::int64_t> behind{};
   for (int r = 0; r < ranks_; ++r) {
@@ -72,9 +71,10 @@ bool Watchdog::check_stall() {
   // Time this process spent stopped is no rank's stall, nor its peers' (whose messages
   // it could not take meanwhile): the clock restarts when it runs again.
   const std::int64_t since = std::max(std::get<2>(behind), resumed_ns_);
-  if (stalled < 0 || now - since <= limit) return false;
-  hooks_.on_stall(stalled, std::get<0>(behind), static_cast<Phase>(std::get<1>(behind)),
-                  static_cast<double>(now - since) * 1e-9);
+  // In seconds, as given: any finite timeout, however large, compares without overflow.
+  const double waited_s = static_cast<double>(now - since) * 1e-9;
+  if (stalled < 0 || waited_s <= timeout_s_) return false;
+  hooks_.on_stall(stalled, std::get<0>(behind), static_cast<Phase>(std::get<1>(behind)), waited_s);
   return true;
 }
 
