@@ -49,8 +49,8 @@ class CudaBackend final : public Backend {
     return cuda::make_cuda_replica(cuda_device(device), max_batch, options_);
   }
 
-  void group_start() override { NCCL_CHECK(ncclGroupStart()); }
-  void group_end() override { NCCL_CHECK(ncclGroupEnd()); }
+  void group_start() override { cuda::start_nccl_group(); }
+  void group_end() override { cuda::end_nccl_group(); }
 
  private:
   BackendOptions options_;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <iostream>
+#include <optional>
 #include <thread>
 
 #include "errors.hpp"
@@ -171,6 +173,9 @@ std::unique_ptr<RecordedStep> CudaDevice::end_record(std::string& why) {
 }
 
 std::size_t CudaDevice::replay(RecordedStep& step, std::span<TimeMark> marks) {
+  // An abort that lands after this check is harmless: NCCL frees no communicator while a
+  // graph holding its collectives lives, and the launched kernels see its abort flag.
+  throw_if_aborted();
   auto* recorded = dynamic_cast<CudaRecordedStep*>(&step);
   if (recorded == nullptr) throw RuntimeFailure(name() + ": replay of a step another kind of device recorded");
   const std::vector<cudaGraphNode_t>& nodes = recorded->mark_nodes();
@@ -234,35 +239,69 @@ void CudaDevice::wait_compute() {
 }
 
 template <class Query>
-void CudaDevice::wait_until(Query&& query) const {
-  // Spins for the first tens of microseconds (a step's waits are mostly that short),
-  // then sleeps between polls.
-  using namespace std::chrono_literals;
+bool CudaDevice::wait_until(Query&& query, std::chrono::steady_clock::time_point deadline) const {
+  using Clock = std::chrono::steady_clock;
+  std::exception_ptr failure;                 // the group's, rethrown once the work has drained
+  std::optional<Clock::time_point> drain_by;  // once the wait has seen the abort
   for (int polls = 0;; ++polls) {
     const cudaError_t state = query();
-    if (state == cudaSuccess) return;
+    if (state == cudaSuccess) break;
     if (state != cudaErrorNotReady) CUDA_CHECK(state);
-    throw_if_aborted();
-    if (check_group_) check_group_();
-    if (polls < 100) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(50us);
+    if (check_group_ && !drain_by) {
+      try {
+        check_group_();
+      } catch (...) {
+        if (!group_aborted()) throw;
+        failure = std::current_exception();  // it aborted the group: drain first
+      }
     }
+    const Clock::time_point now = Clock::now();
+    if (!drain_by && group_aborted()) drain_by = now + kDrainAfterAbort;
+    if (drain_by) {
+      if (wedged() || now >= *drain_by) {  // wedged: an earlier wait has given up already
+        if (!wedged_.exchange(true, std::memory_order_acq_rel)) {
+          keep_memory_from_now();
+          std::cerr << ("mnist_mt: warning: " + name() + ": work still runs " +
+                        std::to_string(kDrainAfterAbort.count()) +
+                        " s after its communicator group was aborted; device memory is left allocated from now on\n");
+        }
+        break;
+      }
+    } else if (now >= deadline) {
+      return false;
+    }
+    pause_between_polls(polls);
+  }
+  if (failure) std::rethrow_exception(failure);
+  if (drain_by) throw_if_aborted();
+  return true;
+}
+
+void pause_between_polls(int polls) {
+  using namespace std::chrono_literals;
+  if (polls < 100) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(50us);
   }
 }
 
 void CudaDevice::wait_stream(cudaStream_t stream) const {
-  wait_until([stream] { return cudaStreamQuery(stream); });
+  wait_stream_until(stream, std::chrono::steady_clock::time_point::max());
+}
+
+bool CudaDevice::wait_stream_until(cudaStream_t stream, std::chrono::steady_clock::time_point deadline) const {
+  return wait_until([stream] { return cudaStreamQuery(stream); }, deadline);
 }
 
 void CudaDevice::wait_event(cudaEvent_t event) const {
-  wait_until([event] { return cudaEventQuery(event); });
+  wait_until([event] { return cudaEventQuery(event); }, std::chrono::steady_clock::time_point::max());
 }
 
+bool CudaDevice::group_aborted() const { return group_aborted_ && group_aborted_->load(std::memory_order_acquire); }
+
 void CudaDevice::throw_if_aborted() const {
-  if (group_aborted_ && group_aborted_->load(std::memory_order_acquire))
-    throw Aborted(name() + ": its communicator group was aborted");
+  if (group_aborted()) throw Aborted(name() + ": its communicator group was aborted");
 }
 
 }  // namespace mnist_mt::cuda

@@ -3,6 +3,7 @@
 // stream (highest priority, so allreduce kernels are scheduled ahead of backward work)
 // and a copy stream for input uploads, ordered one against another by events only.
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -44,6 +45,8 @@ class CudaDevice final : public Device {
   bool can_record() const override { return record_allowed_; }
   void begin_record() override;
   std::unique_ptr<RecordedStep> end_record(std::string& why) override;
+  // Throws Aborted, launching nothing, once the group is aborted: a recorded step may
+  // hold collectives of its (aborted) communicators.
   std::size_t replay(RecordedStep& step, std::span<TimeMark> marks) override;
   // Main thread, by the communicators made for the device: whether its steps may be
   // recorded (on with BackendOptions::cuda_graphs, off for ranks that share a GPU, whose
@@ -72,9 +75,21 @@ class CudaDevice final : public Device {
   // Blocks until `stream` (one of this device's) is idle. Polls rather than blocks in
   // cudaStreamSynchronize, so that a collective that can never finish (a peer failed, or
   // NCCL reported an error) ends the wait with an error instead of holding it forever.
+  // Once the group is aborted the wait goes on until the stream has really drained (the
+  // aborted collectives return), for kDrainAfterAbort at most, then throws Aborted: no
+  // buffer is freed under work still running.
   void wait_stream(cudaStream_t stream) const;
+  // As wait_stream(), but false once `deadline` has passed with the stream still busy
+  // (and the group neither aborted nor failed).
+  bool wait_stream_until(cudaStream_t stream, std::chrono::steady_clock::time_point deadline) const;
   // As wait_stream(), until the device has passed `event`.
   void wait_event(cudaEvent_t event) const;
+  // How long a wait that saw the abort lets the device's work drain before giving up on it.
+  static constexpr std::chrono::seconds kDrainAfterAbort{10};
+  // Any thread: true once a wait gave up on work that outlived an abort by kDrainAfterAbort
+  // (reported once on stderr). That work may still use any buffer: from then on no device
+  // or pinned memory is freed (keep_memory_from_now, owners.hpp).
+  bool wedged() const { return wedged_.load(std::memory_order_acquire); }
 
  private:
   int id_;
@@ -95,10 +110,17 @@ class CudaDevice final : public Device {
   std::vector<Lane> recorded_lanes_;
   std::shared_ptr<const std::atomic<bool>> group_aborted_;  // none until a group is made
   std::function<void()> check_group_;
+  mutable std::atomic<bool> wedged_{false};
 
-  // Polls `query` (cudaStreamQuery, cudaEventQuery) until it says done.
+  bool group_aborted() const;
+  // Polls `query` (cudaStreamQuery, cudaEventQuery) until it says done (true), or until
+  // `deadline` (false); see wait_stream() for an abort.
   template <class Query>
-  void wait_until(Query&& query) const;
+  bool wait_until(Query&& query, std::chrono::steady_clock::time_point deadline) const;
 };
+
+// Between two polls of a wait: spins for the first (most waits are tens of microseconds
+// long), then sleeps briefly.
+void pause_between_polls(int polls);
 
 }  // namespace mnist_mt::cuda

@@ -1,8 +1,16 @@
 #include "owners.hpp"
 
+#include <atomic>
+
 #include "errors.hpp"
 
 namespace mnist_mt::cuda {
+namespace {
+std::atomic<bool> keep_memory{false};
+}  // namespace
+
+void keep_memory_from_now() noexcept { keep_memory.store(true, std::memory_order_release); }
+bool memory_kept() noexcept { return keep_memory.load(std::memory_order_acquire); }
 
 StreamOwner make_stream(int priority) {
   cudaStream_t stream = nullptr;

@@ -81,13 +81,23 @@ FilterDescOwner make_filter_desc(int k, int c, int h, int w);
 // Unpadded, stride 1 cross-correlation (PyTorch's Conv2d) in fp32.
 ConvDescOwner make_conv_desc(cudnnMathType_t math);
 
+// Any thread, once a device's work has outlived an abort (CudaDevice::wedged()): from
+// then on device and pinned memory is left allocated, not freed. That work may still use
+// it, and cudaFree would wait for the work, which may never end.
+void keep_memory_from_now() noexcept;
+bool memory_kept() noexcept;
+
 struct DeviceMemory {
   static void* allocate(std::size_t bytes);
-  void operator()(void* p) const noexcept { cudaFree(p); }
+  void operator()(void* p) const noexcept {
+    if (!memory_kept()) cudaFree(p);
+  }
 };
 struct PinnedMemory {
   static void* allocate(std::size_t bytes);
-  void operator()(void* p) const noexcept { cudaFreeHost(p); }
+  void operator()(void* p) const noexcept {
+    if (!memory_kept()) cudaFreeHost(p);
+  }
 };
 
 // `count` elements of T, uninitialised.
