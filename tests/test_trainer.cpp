@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "mnist_mt/error.hpp"
+#include "mnist_mt/evaluate.hpp"
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "train/buckets.hpp"
@@ -128,6 +129,30 @@ TEST(Trainer, EvaluationCountsEveryTestSampleOnce) {
     const double correct = three.epochs[0].test_accuracy * 101;
     EXPECT_NEAR(correct, std::round(correct), 1e-9);
   }
+}
+
+// Evaluation shards the test set, so its batch is checked against the test set: 2 x 60
+// images exceed the 101 test images (and not the 640 training images).
+TEST(Trainer, EvaluationRefusesABatchLargerThanTheTestSet) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("mnist_mt_eval_batch_" + std::to_string(::getpid()) + ".safetensors");
+  TrainConfig c = config_for(1, 8);
+  c.max_steps = 1;
+  c.save = path;
+  run(c);
+  auto backend = make_cpu_backend({});
+  EvalConfig e{{0, 1}, 50, path};
+  EXPECT_EQ(evaluate(*backend, dataset(), e).samples, 101u);
+  e.batch = 60;
+  try {
+    evaluate(*backend, dataset(), e);
+    ADD_FAILURE() << "a global batch of 120 evaluated 101 test images";
+  } catch (const InputError& error) {
+    EXPECT_EQ(error.input(), "batch");
+    EXPECT_EQ(std::string(error.what()),
+              "the global batch, 120 images (batch size 60 on 2 ranks), exceeds the 101 test images");
+  }
+  std::filesystem::remove(path);
 }
 
 TEST(Trainer, AFaultOnARandomRankAtARandomStepStopsEveryRankWithinSeconds) {
