@@ -5,6 +5,8 @@
   /truncate/NAME      declares the full length, sends half, closes
   /corrupt/NAME       one byte changed (a wrong checksum)
   /stall/NAME         accepts and sends nothing, for at most --stall seconds
+  /drip/NAME          declares the full length, then sends 2 bytes a second (fast enough
+                      for a stall check), for at most --stall seconds
   anything else       404
 Prints the port on the first line of stdout; exits by itself after --lifetime seconds.
 
@@ -49,6 +51,17 @@ def make_handler(root, stall):
                 self.send_body(data[:-1] + bytes([data[-1] ^ 0xFF]))
             elif mode == "stall":
                 time.sleep(stall)
+                self.close_connection = True
+            elif mode == "drip":
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                try:
+                    for i in range(min(len(data), int(2 * stall))):
+                        self.wfile.write(data[i : i + 1])
+                        time.sleep(0.5)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up
                 self.close_connection = True
             else:
                 self.send_error(404)

@@ -1,10 +1,19 @@
-// safetensors checkpoints: round trip, PyTorch's names and shapes, atomic writes, strict
-// rejection of damaged files, and a file written by PyTorch's side (tests/golden).
+// safetensors checkpoints: round trip, PyTorch's names and shapes, atomic writes (through
+// links, never over what is not a regular file, no temp file outliving its writer),
+// strict rejection of damaged files, and a file written by PyTorch's side (tests/golden).
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <csignal>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -13,6 +22,7 @@
 #include <random>
 #include <string>
 
+#include "data/file_io.hpp"
 #include "golden/fixture.hpp"
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"
@@ -207,6 +217,96 @@ TEST_F(CheckpointTest, MissingDirectoryIsAnInputError) {
   }
 }
 
+// A save writes through a symbolic link: the link stays, its target gets the new bytes,
+// and a link to nothing yet makes its target.
+TEST_F(CheckpointTest, ASaveWritesThroughASymbolicLinkWhichStays) {
+  fs::create_directories(dir_ / "real");
+  write_bytes(dir_ / "real" / "model.safetensors", "old");
+  fs::create_symlink("real/model.safetensors", dir_ / "model.safetensors");
+  fs::create_symlink(dir_ / "real" / "later.safetensors", dir_ / "later.safetensors");
+  for (const char* name : {"model.safetensors", "later.safetensors"}) {
+    SCOPED_TRACE(name);
+    const fs::path link = dir_ / name;
+    const fs::path target = fs::read_symlink(link);
+    save_checkpoint(link, sample_checkpoint(false));
+    EXPECT_TRUE(fs::is_symlink(link));
+    EXPECT_EQ(fs::read_symlink(link), target);
+    EXPECT_EQ(load_checkpoint(dir_ / "real" / name).epoch, 7u);
+  }
+  std::vector<fs::path> real;
+  for (const auto& e : fs::directory_iterator(dir_ / "real")) real.push_back(e.path().filename());
+  std::sort(real.begin(), real.end());
+  EXPECT_EQ(real, (std::vector<fs::path>{"later.safetensors", "model.safetensors"}));  // no temp file
+}
+
+// What is not a regular file is never replaced, even through a link, and a FIFO is
+// refused as a checkpoint to load without waiting for a writer.
+TEST_F(CheckpointTest, ASaveRefusesWhatIsNotARegularFileAndLoadDoesNotWaitOnAFifo) {
+  ASSERT_EQ(::mkfifo((dir_ / "fifo").c_str(), 0644), 0);
+  fs::create_directories(dir_ / "directory");
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const std::string sock_path = (dir_ / "socket").string();
+  ASSERT_LT(sock_path.size(), sizeof address.sun_path);
+  std::memcpy(address.sun_path, sock_path.c_str(), sock_path.size() + 1);
+  ASSERT_EQ(::bind(sock, reinterpret_cast<const sockaddr*>(&address), sizeof address), 0);
+  ::close(sock);
+  fs::create_symlink("fifo", dir_ / "link-to-fifo");
+  std::vector<std::string> names{"fifo", "directory", "socket", "link-to-fifo"};
+  if (::geteuid() == 0) {  // device nodes: only root may make them
+    ASSERT_EQ(::mknod((dir_ / "null").c_str(), S_IFCHR | 0666, makedev(1, 3)), 0);
+    names.push_back("null");
+  }
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    const fs::path path = dir_ / name;
+    struct stat before {};
+    ASSERT_EQ(::stat(path.c_str(), &before), 0);
+    try {
+      save_checkpoint(path, sample_checkpoint(false));
+      ADD_FAILURE() << "replaced " << path;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+    struct stat after {};
+    ASSERT_EQ(::stat(path.c_str(), &after), 0);
+    EXPECT_EQ(after.st_mode & S_IFMT, before.st_mode & S_IFMT);
+    EXPECT_EQ(after.st_ino, before.st_ino);
+  }
+  const auto begin = std::chrono::steady_clock::now();
+  EXPECT_THROW(load_checkpoint(dir_ / "fifo"), InputError);
+  EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(5));
+  EXPECT_EQ(entries().size(), names.size());  // no temp file
+}
+
+// A save killed half-way leaves its temp file; the next save to that path removes it
+// once its writer is gone, and leaves a live writer's alone.
+TEST_F(CheckpointTest, TheNextSaveRemovesTheTempFileOfAKilledSave) {
+  const fs::path path = dir_ / "model.safetensors";
+  const pid_t writer = ::fork();
+  if (writer == 0) {
+    AtomicFile file(path);
+    file.write("partial", 7);
+    ::raise(SIGKILL);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(writer, &status, 0), writer);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  const std::string dead = ".model.safetensors.tmp-" + std::to_string(writer) + "-";
+  const auto left = [&](const std::string& prefix) {
+    const std::vector<fs::path> all = entries();
+    return std::any_of(all.begin(), all.end(), [&](const fs::path& e) { return e.string().starts_with(prefix); });
+  };
+  ASSERT_TRUE(left(dead));
+  const fs::path live = dir_ / (".model.safetensors.tmp-" + std::to_string(::getpid()) + "-999");
+  write_bytes(live, "a save in flight");
+  save_checkpoint(path, sample_checkpoint(false));
+  EXPECT_FALSE(left(dead));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_EQ(load_checkpoint(path).epoch, 7u);
+}
+
 TEST_F(CheckpointTest, RejectsMissingAndTruncatedFiles) {
   expect_rejected(dir_ / "absent.safetensors", "cannot open");
   const fs::path path = dir_ / "model.safetensors";
@@ -301,6 +401,60 @@ TEST_F(CheckpointTest, LoadsTheFileWrittenByPyTorch) {
     ASSERT_EQ(want.size(), (p.count + stride - 1) / stride);
     for (std::size_t i = 0; i < want.size(); ++i) ASSERT_EQ(c.params[p.offset + i * stride], want[i]) << p.name;
   }
+}
+
+// A valid checkpoint's file with its header text replaced by `header`, the data kept.
+fs::path with_header(const fs::path& valid, const std::string& header) {
+  const std::string bytes = read_bytes(valid);
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const std::uint64_t length = header.size();
+  const fs::path path = valid.parent_path() / "rewritten.safetensors";
+  write_bytes(path, std::string(reinterpret_cast<const char*>(&length), 8) + header + bytes.substr(8 + n));
+  return path;
+}
+
+// The header text of a valid checkpoint, without its padding.
+std::string header_json(const fs::path& valid) {
+  const std::string bytes = read_bytes(valid);
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const std::string header = bytes.substr(8, n);
+  return header.substr(0, header.find_last_not_of(' ') + 1);
+}
+
+// JSON leaves the meaning of a key given twice open: parsers keep the first, the last
+// (nlohmann), or refuse. A file that could mean two things is refused.
+TEST_F(CheckpointTest, RejectsAKeyTwiceInAnObject) {
+  const fs::path valid = edited([](nlohmann::ordered_json&, std::string&) {});
+  const std::string text = header_json(valid);
+  const std::string metadata = "{\"__metadata__\":{";
+  ASSERT_EQ(text.rfind(metadata, 0), 0u) << text;
+  std::string twice_epoch = text;
+  twice_epoch.insert(metadata.size(), "\"epoch\":\"99\",");
+  expect_rejected(with_header(valid, twice_epoch), "header has the key 'epoch' twice in one object");
+  // The first copy points at the bytes of momentum.fc2.bias, of the same size.
+  const nlohmann::ordered_json json = nlohmann::ordered_json::parse(text);
+  nlohmann::ordered_json first = json["fc2.bias"];
+  first["data_offsets"] = json["momentum.fc2.bias"]["data_offsets"];
+  std::string twice_tensor = text;
+  twice_tensor.insert(1, "\"fc2.bias\":" + first.dump() + ",");
+  expect_rejected(with_header(valid, twice_tensor), "header has the key 'fc2.bias' twice in one object");
+}
+
+// safetensors allows spaces after the header's JSON, as padding, and nothing else.
+TEST_F(CheckpointTest, RejectsBytesAfterTheHeaderJsonOtherThanSpaces) {
+  const fs::path valid = edited([](nlohmann::ordered_json&, std::string&) {});
+  const std::string text = header_json(valid);
+  EXPECT_NO_THROW(load_checkpoint(with_header(valid, text + std::string(13, ' '))));
+  for (const std::string& tail : {std::string("\n"), std::string("  \t"), std::string(" x"), std::string(3, '\0'),
+                                  std::string("{}"), std::string("    }")}) {
+    SCOPED_TRACE(nlohmann::json(tail).dump());
+    expect_rejected(with_header(valid, text + tail),
+                    "header has bytes after its JSON other than space padding (from byte " +
+                        std::to_string(text.size() + tail.find_first_not_of(' ')) + " of the header)");
+  }
+  expect_rejected(with_header(valid, " " + text), "header is not a JSON object (it must start with '{')");
 }
 
 }  // namespace

@@ -1,13 +1,16 @@
 // The subcommands as a user runs them: --version; eval of a saved checkpoint reports
 // the training run's last accuracy, with a confusion matrix that adds up; predict
-// gives the same answer for a test image, its PNG, its PGM and a PNG twice its size;
-// the data flags' errors; --download naming every mirror's failure, and verifying
+// gives the same answer for a test image, its PNG, its PGM and a PNG twice its size,
+// and for a palette PNG and a PGM of maxval 15 of the same samples; malformed images
+// are refused; an epoch without steps prints no nan; the data flags' errors; --download naming every mirror's failure, and verifying
 // Debian's re-compressed Fashion-MNIST by content. No request leaves 127.0.0.1: the
 // downloads run behind a proxy setting that points at a closed loopback port.
 #include <gtest/gtest.h>
 #include <png.h>
 #include <poll.h>
 #include <pty.h>
+
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
@@ -161,6 +164,132 @@ TEST(CliPredict, BadInputsExit2WithOneLineNamingIt) {
     EXPECT_EQ(count_lines(o.err), 1);
     EXPECT_NE(o.err.find(named), std::string::npos);
   }
+}
+
+std::string be32(std::uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+
+// An 8-bit PNG made byte by byte, so that it can say what no PNG writer would: colour
+// type 0 (grey) or 3 (palette, `palette` its RGB entries), its rows (each a filter byte
+// of 0 and `side` samples) in one stored deflate block.
+std::string png_bytes(std::uint32_t side, int colour_type, const std::string& rows, const std::string& palette = "") {
+  const auto crc = [](const std::string& bytes) {
+    std::uint32_t c = 0xffffffffu;
+    for (const unsigned char b : bytes) {
+      c ^= b;
+      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+  };
+  const auto chunk = [&](const std::string& type, const std::string& data) {
+    return be32(static_cast<std::uint32_t>(data.size())) + type + data + be32(crc(type + data));
+  };
+  std::uint32_t a = 1, b = 0;  // Adler-32
+  for (const unsigned char c : rows) {
+    a = (a + c) % 65521;
+    b = (b + a) % 65521;
+  }
+  const auto n = static_cast<std::uint16_t>(rows.size());
+  const std::string zlib = std::string("\x78\x01\x01", 3) + static_cast<char>(n & 0xff) + static_cast<char>(n >> 8) +
+                           static_cast<char>(~n & 0xff) + static_cast<char>((~n >> 8) & 0xff) + rows + be32((b << 16) | a);
+  std::string ihdr = be32(side) + be32(side) + static_cast<char>(8) + static_cast<char>(colour_type);
+  ihdr += std::string(3, '\0');
+  return std::string("\x89PNG\r\n\x1a\n", 8) + chunk("IHDR", ihdr) + (palette.empty() ? "" : chunk("PLTE", palette)) +
+         chunk("IDAT", zlib) + chunk("IEND", "");
+}
+
+// The rows of a PNG of these samples, side x side.
+std::string png_rows(const std::vector<std::uint8_t>& samples, std::uint32_t side) {
+  std::string rows;
+  for (std::uint32_t y = 0; y < side; ++y) {
+    rows += '\0';
+    rows.append(reinterpret_cast<const char*>(samples.data()) + y * side, side);
+  }
+  return rows;
+}
+
+// A grey palette of 256 entries holding the test image as indices, and a PGM of it with
+// maxval 15 (scaled to 0..255 as the PNG of the same samples is): both as the PNG.
+TEST(CliPredict, APalettePngAndAPgmOfAnotherMaxvalGiveTheAnswerOfTheirPng) {
+  std::vector<std::uint8_t> grey = test_image(3);
+  for (std::uint8_t& v : grey) v = static_cast<std::uint8_t>((v * 15 + 127) / 255 * 17);  // 16 levels
+  std::string palette;
+  for (int i = 0; i < 256; ++i) palette += std::string(3, static_cast<char>(i));
+  const fs::path png = scratch_dir() / "levels.png", indexed = scratch_dir() / "levels_palette.png",
+                 pgm = scratch_dir() / "levels15.pgm";
+  write_png(png, grey, 28);
+  std::ofstream(indexed, std::ios::binary) << png_bytes(28, 3, png_rows(grey, 28), palette);
+  {
+    std::ofstream f(pgm, std::ios::binary);
+    f << "P5\n# maxval 15\n28 28\n15\n";
+    for (const std::uint8_t v : grey) f.put(static_cast<char>(v / 17));
+  }
+  const Outcome o = run_cli({"predict", "--load", trained().checkpoint.string(), "--cpu", "1", png.string(),
+                             indexed.string(), pgm.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  std::istringstream lines(o.out);
+  std::vector<std::string> answers;
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("mnist_mt:", 0) != 0) answers.push_back(line.substr(line.find(": ")));
+  ASSERT_EQ(answers.size(), 3u) << o.out;
+  EXPECT_EQ(answers[1], answers[0]) << o.out;
+  EXPECT_EQ(answers[2], answers[0]) << o.out;
+}
+
+// What a lenient decoder would show as an image: less pixel data than the header says,
+// a maxval of 0, a sample above the maxval, a palette index past the palette.
+TEST(CliPredict, AMalformedImageExits2WithOneLineNamingItAndTheProblem) {
+  const std::string header = "P5\n28 28\n255\n";
+  std::string palette_rows = png_rows(std::vector<std::uint8_t>(784, 1), 28);
+  palette_rows[1 + 29 * 5 + 7] = 9;  // pixel (7, 5): index 9 of a 2-entry palette
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {header + std::string(700, 'x'), "PGM pixel data truncated: 700 bytes, the 28x28 header needs 784"},
+      {header + std::string(785, 'x'), "1 bytes after the PGM pixel data"},
+      {"P5\n28 28\n0\n" + std::string(784, '\0'), "PGM maxval 0 is not 1 to 65535"},
+      {"P5\n28 28\n15\n" + std::string(783, '\0') + "\x10", "PGM sample 16 at pixel 783 exceeds the maxval 15"},
+      {"P5\n28\n", "PGM header has no valid height"},
+      {png_bytes(28, 3, palette_rows, std::string("\0\0\0\xff\xff\xff", 6)),
+       "palette index 9 at pixel 147 is past the 2-entry palette"},
+      {png_bytes(28, 0, png_rows(std::vector<std::uint8_t>(784, 7), 28).substr(0, 29 * 20)), "Not enough image data"},
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const fs::path image = scratch_dir() / ("malformed" + std::to_string(i) + (i < 5 ? ".pgm" : ".png"));
+    std::ofstream(image, std::ios::binary) << cases[i].first;
+    // The images are read before the checkpoint: none is needed.
+    const Outcome o = run_cli({"predict", "--load", (scratch_dir() / "none.safetensors").string(), "--cpu", "1",
+                               image.string()});
+    SCOPED_TRACE(cases[i].second + ": " + o.err);
+    EXPECT_EQ(o.exit_code, 2);
+    EXPECT_EQ(count_lines(o.err), 1);
+    EXPECT_NE(o.err.find(image.string() + ": " + cases[i].second), std::string::npos);
+  }
+}
+
+// Resumed at step 3 of an epoch that --max-steps cuts to 2, the epoch takes no step:
+// its line says so instead of a train loss of nan.
+TEST(CliTrain, AnEpochWithNoStepsPrintsNoNan) {
+  const fs::path checkpoint = scratch_dir() / "mid_epoch.safetensors";
+  const Outcome first = run_cli({"--cpu", "1", "--batch-size", "8", "--epochs", "1", "--max-steps", "3", "--data",
+                                 small_data().string(), "--save", checkpoint.string()});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  // Its epoch-end checkpoint made a mid-epoch one: epoch 0, step 3 of it.
+  const std::string bytes = slurp(checkpoint);
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  Json header = Json::parse(bytes.substr(8, n));
+  header["__metadata__"]["epoch"] = "0";
+  header["__metadata__"]["epoch_step"] = "3";
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+  const std::uint64_t length = text.size();
+  std::ofstream(checkpoint, std::ios::binary | std::ios::trunc)
+      << std::string(reinterpret_cast<const char*>(&length), 8) + text + bytes.substr(8 + n);
+  const Outcome o = run_cli({"--cpu", "1", "--batch-size", "8", "--epochs", "1", "--max-steps", "2", "--data",
+                             small_data().string(), "--load", checkpoint.string()});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.out.find("epoch 1: no training loss (no steps), test loss "), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("nan"), std::string::npos) << o.out;
 }
 
 TEST(CliDownload, EveryMirrorFailingExits2WithOneLineNamingTheFileAndEachMirror) {

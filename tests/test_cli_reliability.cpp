@@ -5,7 +5,19 @@
 // waiting for data exits 3 naming the rank, step and phase within the timeout and a few
 // seconds; a full disk during a save exits 3 and keeps the previous checkpoint loadable.
 // Signals are sent at random moments of the run.
+// And what it writes: every flag that writes a file refuses, up front, a device, FIFO,
+// socket or directory, an empty path, and a file of another output or of an input;
+// writes through a symbolic link; a stop without --save saves where the start line
+// says, or says it cannot; a resumed run appends to its metrics; a save removes the temp
+// files of killed writers; eval and predict survive a closed stdout.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+
+#include <cstring>
+#include <functional>
 
 #include "cli_runner.hpp"
 
@@ -194,6 +206,493 @@ TEST_F(CliReliability, MetricsAndSummaryReportPeakResidentMemory) {
   ASSERT_NE(at, std::string::npos) << line;
   // More than the 4.8 MB of parameters the process certainly holds.
   EXPECT_GT(std::stoull(line.substr(at + 17)), 4'800'000u) << line;
+}
+
+// --- What mnist_mt writes: only its own regular files ---
+
+// The files of one case, in a directory of their own.
+class CliOutputs : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = scratch_dir() / testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::create_directories(dir_);
+  }
+
+  fs::path fresh_dir(const std::string& name) const {
+    const fs::path d = dir_ / name;
+    fs::create_directories(d);
+    return d;
+  }
+
+  // A short training run's arguments, then `extra`.
+  static std::vector<std::string> train(const std::vector<std::string>& extra) {
+    std::vector<std::string> a{"--cpu", "1", "--batch-size", "8", "--epochs", "1", "--max-steps", "2",
+                               "--data", small_data().string()};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+
+  static std::vector<std::string> eval(const fs::path& checkpoint, const std::vector<std::string>& extra) {
+    std::vector<std::string> a{"eval", "--cpu", "1", "--batch-size", "10", "--load", checkpoint.string(),
+                               "--data", small_data().string()};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+
+  // A checkpoint of a short run, copied to `path`.
+  static void checkpoint_at(const fs::path& path) {
+    static const fs::path made = [] {
+      const fs::path p = scratch_dir() / "outputs-checkpoint.safetensors";
+      const Outcome o = run_cli(train({"--save", p.string()}));
+      EXPECT_EQ(o.exit_code, 0) << o.err;
+      return p;
+    }();
+    fs::copy_file(made, path, fs::copy_options::overwrite_existing);
+  }
+
+  static bool hidden_files(const fs::path& dir) {
+    for (const auto& e : fs::recursive_directory_iterator(dir))
+      if (e.path().filename().string().starts_with(".")) return true;
+    return false;
+  }
+
+  // One line on stderr naming the flag and the path, exit 2, within 5 s, nothing trained.
+  static void expect_refused(const Outcome& o, std::chrono::steady_clock::duration took, const std::string& flag,
+                             const std::string& path) {
+    EXPECT_EQ(o.exit_code, 2) << o.err;
+    EXPECT_EQ(count_lines(o.err), 1) << o.err;
+    EXPECT_EQ(o.err.rfind("mnist_mt: error: " + flag + ": ", 0), 0u) << o.err;
+    EXPECT_NE(o.err.find(path), std::string::npos) << o.err;
+    EXPECT_LT(took, 5s);
+    EXPECT_EQ(o.out.find("epoch 1"), std::string::npos) << "trained before refusing";
+  }
+
+  static Outcome timed(const std::vector<std::string>& args, std::chrono::steady_clock::duration& took,
+                       const std::vector<std::string>& env = {}) {
+    const auto begin = std::chrono::steady_clock::now();
+    const Outcome o = run_cli(args, 30s, env);
+    took = std::chrono::steady_clock::now() - begin;
+    return o;
+  }
+
+  fs::path dir_;
+};
+
+// What a path is: its kind, inode and device number, to see that nothing replaced it.
+struct Node {
+  mode_t type = 0;
+  ino_t inode = 0;
+  dev_t device = 0;
+  bool operator==(const Node&) const = default;
+};
+
+Node node_at(const fs::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return {};
+  return {static_cast<mode_t>(st.st_mode & S_IFMT), st.st_ino, st.st_rdev};
+}
+
+// Bound under a short name, then moved: a socket's path must fit in 108 bytes.
+void make_socket(const fs::path& path) {
+  const fs::path bound = scratch_dir() / "socket";
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  ASSERT_LT(bound.string().size(), sizeof address.sun_path);
+  std::memcpy(address.sun_path, bound.c_str(), bound.string().size() + 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address), 0);
+  ::close(fd);
+  fs::rename(bound, path);
+}
+
+// Each kind of file that is not a regular one; device nodes only where we may make them
+// (root). The block device's number has no driver, so that nothing can open it.
+std::vector<std::pair<std::string, std::function<void(const fs::path&)>>> non_regular_kinds() {
+  std::vector<std::pair<std::string, std::function<void(const fs::path&)>>> kinds{
+      {"FIFO", [](const fs::path& p) { ASSERT_EQ(::mkfifo(p.c_str(), 0666), 0); }},
+      {"socket", [](const fs::path& p) { make_socket(p); }},
+      {"directory", [](const fs::path& p) { fs::create_directories(p / "inside"); }},
+  };
+  if (::geteuid() == 0) {
+    kinds.push_back({"character device", [](const fs::path& p) {
+                       ASSERT_EQ(::mknod(p.c_str(), S_IFCHR | 0666, makedev(1, 3)), 0);  // /dev/null's
+                     }});
+    kinds.push_back({"block device", [](const fs::path& p) {
+                       ASSERT_EQ(::mknod(p.c_str(), S_IFBLK | 0666, makedev(240, 0)), 0);
+                     }});
+  }
+  return kinds;
+}
+
+// Without a network, whatever the build does: proxies on a closed port.
+std::vector<std::string> offline() {
+  return {"http_proxy=http://127.0.0.1:1", "https_proxy=http://127.0.0.1:1", "HTTPS_PROXY=http://127.0.0.1:1",
+          "ALL_PROXY=http://127.0.0.1:1", "no_proxy=", "NO_PROXY="};
+}
+
+TEST_F(CliOutputs, EveryFlagThatWritesAFileRefusesADeviceFifoSocketOrDirectoryAndLeavesItAsItWas) {
+  const fs::path checkpoint = dir_ / "model.safetensors";
+  checkpoint_at(checkpoint);
+  struct Form {
+    std::string flag;
+    std::string name;  // of the node in the way
+    std::function<std::vector<std::string>(const fs::path& dir)> args;
+    bool through_link = false;  // the flag names a symbolic link to the node
+  };
+  const std::vector<Form> forms{
+      {"--save", "model.safetensors", [](const fs::path& d) { return train({"--save", (d / "model.safetensors").string()}); }},
+      {"--metrics", "metrics.json", [](const fs::path& d) { return train({"--metrics", (d / "metrics.json").string()}); }},
+      {"--trace", "trace.json", [](const fs::path& d) { return train({"--trace", (d / "trace.json").string()}); }},
+      {"--keep", "model.step-2.safetensors",
+       [](const fs::path& d) { return train({"--save", (d / "model.safetensors").string(), "--keep", "2"}); }},
+      {"--json", "eval.json",
+       [&](const fs::path& d) { return eval(checkpoint, {"--json", (d / "eval.json").string()}); }},
+      {"--download", "train-images-idx3-ubyte.gz",
+       [](const fs::path& d) {
+         return std::vector<std::string>{"--download", "--data", d.string(), "--mirror", "http://127.0.0.1:1/",
+                                         "--cpu", "1"};
+       }},
+      {"--metrics", "node", [](const fs::path& d) { return train({"--metrics", (d / "metrics.json").string()}); },
+       true},
+  };
+  for (const Form& form : forms) {
+    for (const auto& [kind, make] : non_regular_kinds()) {
+      SCOPED_TRACE(form.flag + (form.through_link ? " through a link" : "") + ", " + kind);
+      const fs::path d = fresh_dir(form.name + "-" + std::to_string(&form - forms.data()) + "-" + kind);
+      const fs::path node = d / form.name;
+      make(node);
+      if (form.through_link) fs::create_symlink(node.filename(), d / "metrics.json");
+      const Node before = node_at(node);
+      std::chrono::steady_clock::duration took{};
+      const Outcome o = timed(form.args(d), took, offline());
+      expect_refused(o, took, form.flag, (form.through_link ? d / "metrics.json" : node).string());
+      EXPECT_NE(o.err.find(kind), std::string::npos) << o.err;
+      EXPECT_EQ(node_at(node), before);
+      if (form.through_link) {
+        EXPECT_TRUE(fs::is_symlink(d / "metrics.json"));
+      }
+      EXPECT_FALSE(hidden_files(d));
+    }
+  }
+}
+
+TEST_F(CliOutputs, ASymbolicLinkIsWrittenThroughAndStays) {
+  const fs::path checkpoint = dir_ / "model.safetensors";
+  checkpoint_at(checkpoint);
+  struct Form {
+    std::string flag;
+    std::function<std::vector<std::string>(const fs::path& link)> args;
+  };
+  const std::vector<Form> forms{
+      {"--save", [](const fs::path& l) { return train({"--save", l.string()}); }},
+      {"--keep", [](const fs::path& l) { return train({"--save", l.string(), "--keep", "2"}); }},
+      {"--metrics", [](const fs::path& l) { return train({"--metrics", l.string()}); }},
+      {"--trace", [](const fs::path& l) { return train({"--trace", l.string()}); }},
+      {"--json", [&](const fs::path& l) { return eval(checkpoint, {"--json", l.string()}); }},
+  };
+  for (const Form& form : forms) {
+    for (const bool target_exists : {true, false}) {
+      SCOPED_TRACE(form.flag + (target_exists ? ", to a file" : ", to no file yet"));
+      const fs::path d = fresh_dir(form.flag.substr(2) + (target_exists ? "-file" : "-none"));
+      fs::create_directories(d / "real");
+      const fs::path target = d / "real" / "out.safetensors";
+      if (target_exists) std::ofstream(target) << "old";
+      const fs::path link = d / "out.safetensors";
+      fs::create_symlink("real/out.safetensors", link);
+      const Outcome o = run_cli(form.args(link));
+      ASSERT_EQ(o.exit_code, 0) << o.err;
+      EXPECT_TRUE(fs::is_symlink(link));
+      EXPECT_EQ(fs::read_symlink(link), "real/out.safetensors");
+      ASSERT_TRUE(fs::is_regular_file(target));
+      EXPECT_GT(fs::file_size(target), 3u);
+      EXPECT_FALSE(hidden_files(d));
+    }
+  }
+}
+
+TEST_F(CliOutputs, AnOutputThatIsAnInputOrAnotherOutputIsRefusedAndLeftAsItWas) {
+  const fs::path data = make_data("outputs-data", 256, 50, 1);  // its own: the cases aim at it
+  struct Case {
+    std::string flag;
+    std::string path;                            // the one the error names
+    std::vector<std::string> args;
+    fs::path kept;                               // a file that must keep its bytes, or empty
+  };
+  const fs::path ck = dir_ / "model.safetensors";
+  checkpoint_at(ck);
+  const fs::path link = dir_ / "link.json", hard = dir_ / "hard.json", fresh = dir_ / "fresh.json";
+  fs::create_symlink(ck.filename(), link);
+  fs::create_hard_link(ck, hard);
+  const auto on_data = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> a = train(extra);
+    a[9] = data.string();  // --data
+    return a;
+  };
+  const std::string labels = (data / "train-labels-idx1-ubyte").string();
+  const std::string test_images = (data / "t10k-images-idx3-ubyte").string();
+  const std::vector<Case> cases{
+      {"--metrics", ck.string(), train({"--metrics", ck.string(), "--load", ck.string()}), ck},
+      {"--trace", ck.string(), train({"--trace", ck.string(), "--load", ck.string()}), ck},
+      {"--metrics", link.string(), train({"--metrics", link.string(), "--load", ck.string()}), ck},
+      {"--metrics", hard.string(), train({"--metrics", hard.string(), "--load", ck.string()}), ck},
+      {"--metrics", fresh.string(), train({"--save", fresh.string(), "--metrics", fresh.string()}), {}},
+      {"--trace", (dir_ / "." / "fresh.json").string(),
+       train({"--metrics", fresh.string(), "--trace", (dir_ / "." / "fresh.json").string()}), {}},
+      {"--metrics", (dir_ / "model.step-2.safetensors").string(),
+       train({"--save", ck.string(), "--keep", "2", "--metrics", (dir_ / "model.step-2.safetensors").string()}), ck},
+      {"--metrics", labels, on_data({"--metrics", labels}), labels},
+      {"--save", test_images, on_data({"--save", test_images}), test_images},
+      {"--json", ck.string(), eval(ck, {"--json", ck.string()}), ck},
+      {"--json", labels, [&] {
+         std::vector<std::string> a = eval(ck, {"--json", labels});
+         a[8] = data.string();
+         return a;
+       }(), labels},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flag + " " + c.path);
+    const std::string before = c.kept.empty() ? "" : slurp(c.kept);
+    std::chrono::steady_clock::duration took{};
+    const Outcome o = timed(c.args, took);
+    expect_refused(o, took, c.flag, c.path);
+    if (!c.kept.empty()) {
+      EXPECT_EQ(slurp(c.kept), before);
+    }
+    EXPECT_FALSE(fs::exists(fresh));
+    EXPECT_FALSE(hidden_files(dir_));
+  }
+  // The checkpoint a run continues is the one output that may be an input.
+  std::vector<std::string> resume = train({"--save", ck.string(), "--load", ck.string()});
+  resume[5] = "2";  // --epochs
+  const Outcome o = run_cli(resume);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+}
+
+TEST_F(CliOutputs, AnEmptyPathIsRefusedBeforeAnyWork) {
+  const fs::path ck = dir_ / "model.safetensors";
+  checkpoint_at(ck);
+  for (const auto& [flag, args] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"--save", train({"--save", ""})},
+           {"--metrics", train({"--metrics", ""})},
+           {"--trace", train({"--trace", ""})},
+           {"--json", eval(ck, {"--json", ""})}}) {
+    SCOPED_TRACE(flag);
+    std::chrono::steady_clock::duration took{};
+    const Outcome o = timed(args, took);
+    expect_refused(o, took, flag, "''");
+    EXPECT_EQ(o.out, "");
+  }
+}
+
+// `command` with the environment entries, in the directory `cwd`; as the user nobody
+// when we are root, so that permissions hold.
+Process spawn_in(const fs::path& cwd, const std::vector<std::string>& args, const std::vector<std::string>& env,
+                 bool as_nobody) {
+  std::vector<std::string> command;
+  if (as_nobody && ::geteuid() == 0)
+    command = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
+  command.insert(command.end(), {"env", "-C", cwd.string(), fs::absolute(exe_path()).string()});
+  command.insert(command.end(), args.begin(), args.end());
+  return spawn_command(command, env);
+}
+
+// SIGINT once the run has said how it starts.
+Outcome interrupt_after_start(const Process& p) {
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (slurp(p.out).find("mnist_mt: ddp on") == std::string::npos && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(200ms);
+  kill(p.pid, SIGINT);
+  return finish(p, 60s);
+}
+
+TEST_F(CliOutputs, WithoutSaveAStopSavesWhereTheStartLineSaysOrSaysItCannotAndExits130) {
+  const std::vector<std::string> args{"--cpu", "1", "--batch-size", "8", "--epochs", "100000", "--data",
+                                      small_data().string()};
+  // The working directory's name is taken by a FIFO: the temp directory instead.
+  const fs::path cwd = fresh_dir("cwd"), temp = fresh_dir("temp");
+  ASSERT_EQ(::mkfifo((cwd / "mnist_mt-interrupted.safetensors").c_str(), 0666), 0);
+  const Node fifo = node_at(cwd / "mnist_mt-interrupted.safetensors");
+  const fs::path saved = temp / ("mnist_mt-interrupted-" + std::to_string(::geteuid()) + ".safetensors");
+  Outcome o = interrupt_after_start(spawn_in(cwd, args, {"TMPDIR=" + temp.string()}, false));
+  EXPECT_EQ(o.exit_code, 130) << o.err;
+  EXPECT_NE(o.out.find("test images; SIGINT/SIGTERM saves to " + saved.string()), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("checkpoint saved to " + saved.string()), std::string::npos) << o.out;
+  EXPECT_EQ(run_cli(eval(saved, {})).exit_code, 0);
+  EXPECT_EQ(node_at(cwd / "mnist_mt-interrupted.safetensors"), fifo);
+
+  // No temp directory either: the start line says so, and the stop is no error.
+  o = interrupt_after_start(spawn_in(cwd, args, {"TMPDIR=" + (dir_ / "missing").string()}, false));
+  EXPECT_EQ(o.exit_code, 130) << o.err;
+  EXPECT_NE(o.out.find("test images; no checkpoint on SIGINT/SIGTERM without --save"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("no checkpoint saved"), std::string::npos) << o.out;
+  EXPECT_EQ(node_at(cwd / "mnist_mt-interrupted.safetensors"), fifo);
+
+  // A user who may write neither directory.
+  const fs::path closed = fresh_dir("closed"), closed_temp = fresh_dir("closed-temp");
+  fs::permissions(closed, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
+                              fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+  fs::permissions(closed_temp, fs::status(closed).permissions());
+  o = interrupt_after_start(spawn_in(closed, args, {"TMPDIR=" + closed_temp.string()}, true));
+  EXPECT_EQ(o.exit_code, 130) << o.err;
+  EXPECT_NE(o.out.find("no checkpoint on SIGINT/SIGTERM without --save"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("not writable"), std::string::npos) << o.out;
+  EXPECT_TRUE(fs::is_empty(closed));
+  EXPECT_TRUE(fs::is_empty(closed_temp));
+}
+
+TEST_F(CliOutputs, AnOutputInADirectoryTheUserMayNotWriteIsRefusedUpFront) {
+  const fs::path ck = dir_ / "model.safetensors";
+  checkpoint_at(ck);
+  fs::permissions(ck, fs::perms::others_read, fs::perm_options::add);
+  const fs::path closed = fresh_dir("closed");
+  fs::permissions(closed, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
+                              fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+  for (const auto& [flag, args] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"--save", train({"--save", (closed / "model.safetensors").string()})},
+           {"--metrics", train({"--metrics", (closed / "metrics.json").string()})},
+           {"--json", eval(ck, {"--json", (closed / "eval.json").string()})}}) {
+    SCOPED_TRACE(flag);
+    const auto begin = std::chrono::steady_clock::now();
+    const Outcome o = finish(spawn_in(dir_, args, {}, true), 30s);
+    expect_refused(o, std::chrono::steady_clock::now() - begin, flag, closed.string());
+    EXPECT_NE(o.err.find("not writable"), std::string::npos) << o.err;
+  }
+  EXPECT_TRUE(fs::is_empty(closed));
+}
+
+// The program's own advice after a stop (the same command with --load) keeps the
+// metrics of the epochs before it; a new run starts the file anew.
+TEST_F(CliOutputs, AResumedRunAppendsToItsMetricsAndANewRunReplacesThem) {
+  const fs::path ck = dir_ / "model.safetensors", metrics = dir_ / "metrics.json";
+  const int epochs = 40;
+  const std::vector<std::string> args{"--cpu", "1", "--batch-size", "8", "--epochs", std::to_string(epochs),
+                                      "--max-steps", "4", "--data", small_data().string(), "--save", ck.string(),
+                                      "--metrics", metrics.string()};
+  Outcome o;
+  for (int attempt = 0; attempt < 5 && (attempt == 0 || o.exit_code == 0); ++attempt) {
+    std::error_code ignored;
+    fs::remove(metrics, ignored);
+    const Process p = spawn(args);
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (count_lines(slurp(metrics)) < 1 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(1ms);
+    kill(p.pid, SIGINT);
+    o = finish(p, 60s);
+  }
+  ASSERT_EQ(o.exit_code, 130) << o.err;
+  const std::string before = slurp(metrics);
+  ASSERT_GE(count_lines(before), 1);
+  std::vector<std::string> resume = args;
+  resume.insert(resume.end(), {"--load", ck.string()});
+  ASSERT_EQ(run_cli(resume).exit_code, 0);
+  const std::string after = slurp(metrics);
+  EXPECT_EQ(after.rfind(before, 0), 0u) << after;
+  std::istringstream lines(after);
+  int epoch = 0;
+  for (std::string line; std::getline(lines, line);)
+    EXPECT_EQ(line.rfind("{\"epoch\":" + std::to_string(++epoch) + ",", 0), 0u) << line;
+  EXPECT_EQ(epoch, epochs);
+
+  std::vector<std::string> again = args;
+  again[5] = "1";
+  ASSERT_EQ(run_cli(again).exit_code, 0);
+  EXPECT_EQ(count_lines(slurp(metrics)), 1);
+  EXPECT_FALSE(hidden_files(dir_));
+}
+
+// Temp files named for a writer that is gone (here: a child that exited) go at the
+// next save to their file; those of a live writer stay.
+TEST_F(CliOutputs, ASaveRemovesTheTempFilesOfKilledWritersButNotOfLiveOnes) {
+  const pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  waitpid(gone, nullptr, 0);
+  const std::string dead = std::to_string(gone), live = std::to_string(::getpid());
+  const std::vector<std::string> dead_files{".model.safetensors.tmp-" + dead + "-0",
+                                            ".model.step-9.safetensors.tmp-" + dead + "-3",
+                                            ".metrics.json.tmp-" + dead + "-1", ".eval.json.tmp-" + dead + "-0"};
+  const std::vector<std::string> live_files{".model.safetensors.tmp-" + live + "-0", ".other.json.tmp-" + dead + "-0"};
+  for (const auto& name : dead_files) std::ofstream(dir_ / name) << "partial";
+  for (const auto& name : live_files) std::ofstream(dir_ / name) << "partial";
+  const fs::path ck = dir_ / "model.safetensors";
+  ASSERT_EQ(run_cli(train({"--save", ck.string(), "--keep", "2", "--metrics", (dir_ / "metrics.json").string()}))
+                .exit_code,
+            0);
+  ASSERT_EQ(run_cli(eval(ck, {"--json", (dir_ / "eval.json").string()})).exit_code, 0);
+  for (const auto& name : dead_files) EXPECT_FALSE(fs::exists(dir_ / name)) << name;
+  for (const auto& name : live_files) EXPECT_TRUE(fs::exists(dir_ / name)) << name;
+}
+
+// mnist_mt with stdout set up by `setup` in the child (a pipe nobody reads, /dev/full).
+Outcome run_with_stdout(const std::vector<std::string>& args, const std::function<void()>& setup) {
+  static int runs = 0;
+  const fs::path err = scratch_dir() / ("stdout_test_err" + std::to_string(runs++));
+  std::vector<std::string> command{exe_path()};
+  command.insert(command.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : command) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setup();
+    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(e, STDERR_FILENO);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return finish(Process{pid, "/dev/null", err}, 60s);
+}
+
+TEST_F(CliOutputs, EvalAndPredictSurviveAClosedStdoutAndStillWriteTheirFiles) {
+  const fs::path ck = dir_ / "model.safetensors";
+  checkpoint_at(ck);
+  const auto closed_pipe = [] {  // as `| head -1` leaves it: the reader gone
+    int fds[2];
+    if (pipe(fds) != 0) _exit(126);
+    close(fds[0]);
+    dup2(fds[1], STDOUT_FILENO);
+  };
+  const fs::path json = dir_ / "eval.json";
+  Outcome o = run_with_stdout(eval(ck, {"--json", json.string()}), closed_pipe);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(slurp(json).rfind("{\"checkpoint\":", 0), 0u);
+  EXPECT_EQ(count_lines(o.err), 1) << o.err;
+  EXPECT_NE(o.err.find("standard output"), std::string::npos) << o.err;
+  o = run_with_stdout({"predict", "--cpu", "1", "--load", ck.string(), "--data", small_data().string(), "--index", "0",
+                       "--index", "1"},
+                      closed_pipe);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(count_lines(o.err), 1) << o.err;
+
+  // Any other write error lost the results: reported, exit 3, the file written still.
+  fs::remove(json);
+  o = run_with_stdout(eval(ck, {"--json", json.string()}), [] {
+    const int full = open("/dev/full", O_WRONLY);
+    dup2(full, STDOUT_FILENO);
+  });
+  EXPECT_EQ(o.exit_code, 3) << o.err;
+  EXPECT_EQ(o.err, "mnist_mt: error: standard output: cannot write the results\n");
+  EXPECT_EQ(slurp(json).rfind("{\"checkpoint\":", 0), 0u);
+}
+
+TEST_F(CliOutputs, AFifoGivenAsAnInputIsRefusedWithoutWaitingForAWriter) {
+  const fs::path fifo = dir_ / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0666), 0);
+  const fs::path ck = dir_ / "model.safetensors";
+  checkpoint_at(ck);
+  for (const auto& [named, args] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"--load", train({"--load", fifo.string()})},
+           {"--load", eval(fifo, {})},
+           {fifo.string(), {"predict", "--cpu", "1", "--load", ck.string(), fifo.string()}}}) {
+    SCOPED_TRACE(args[0] + " " + named);
+    const auto begin = std::chrono::steady_clock::now();
+    const Outcome o = run_cli(args, 30s);
+    EXPECT_LT(std::chrono::steady_clock::now() - begin, 5s);
+    EXPECT_EQ(o.exit_code, 2) << o.err;
+    EXPECT_EQ(count_lines(o.err), 1) << o.err;
+    EXPECT_NE(o.err.find(named), std::string::npos) << o.err;
+    EXPECT_NE(o.err.find("a FIFO, not a regular file"), std::string::npos) << o.err;
+  }
 }
 
 }  // namespace

@@ -1,16 +1,19 @@
 // --download against an HTTP server on 127.0.0.1 (tests/loopback_server.py) serving
 // generated IDX files, whose checksums reach the download through the test seam
 // (download_internal.hpp): a good mirror, files already present, 404, a truncated
-// body, a wrong checksum, a stalled connection, a refused connection, a re-compressed
-// copy, and a good second mirror after a bad first one. Nothing beyond 127.0.0.1.
+// body, a wrong checksum, a stalled connection, a dripping one past its deadline, a stop
+// signal mid-transfer, a refused connection, a re-compressed copy, and a good second
+// mirror after a bad first one. Nothing beyond 127.0.0.1.
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -93,12 +96,13 @@ class Download : public ::testing::Test {
   }
 
   // Runs the download from these mirrors (prefixes on the loopback server, or URLs).
-  void download(const std::vector<std::string>& mirrors, FetchLimits limits = fast_limits()) {
+  void download(const std::vector<std::string>& mirrors, FetchLimits limits = fast_limits(),
+                const std::function<int()>& stop_signal = {}) {
     DatasetSpec spec = spec_;
     spec.mirrors.clear();
     for (const auto& m : mirrors) spec.mirrors.push_back(m.rfind("http", 0) == 0 ? m : base_ + m + "/");
     std::ostringstream log;
-    mnist_mt::download_files(spec, dir_, limits, &log, false);
+    mnist_mt::download_files(spec, dir_, limits, &log, false, stop_signal);
     log_ = log.str();
   }
 
@@ -109,9 +113,9 @@ class Download : public ::testing::Test {
     return limits;
   }
 
-  std::string failure(const std::vector<std::string>& mirrors) {
+  std::string failure(const std::vector<std::string>& mirrors, FetchLimits limits = fast_limits()) {
     try {
-      download(mirrors);
+      download(mirrors, limits);
     } catch (const InputError& e) {
       return e.what();
     }
@@ -208,6 +212,51 @@ TEST_F(Download, ABodyOverTheSizeCapFails) {
     EXPECT_NE(std::string(e.what()).find("more than 100 bytes"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(entries().empty());
+}
+
+// README, "Data": max(60 s, the file's size at 64 KiB/s); 718 s for the training images.
+TEST(FetchDeadline, TheLargerOfAMinuteAndTheSizeAtTheMinimumRate) {
+  const FetchLimits limits;
+  EXPECT_EQ(limits.min_bytes_per_second, 64 * 1024);
+  EXPECT_EQ(mnist_mt::deadline_seconds(limits, 10008), 60);
+  const std::uint64_t train_images = 60000ull * 784 + 16;
+  EXPECT_DOUBLE_EQ(mnist_mt::deadline_seconds(limits, train_images), train_images / 65536.0);
+  EXPECT_NEAR(mnist_mt::deadline_seconds(limits, train_images), 718, 1);
+}
+
+// 2 bytes a second passes the stall check (1 byte/s) but not the deadline, here 0.5 s.
+TEST_F(Download, ADrippingServerFailsOverToTheNextMirrorAtTheDeadline) {
+  FetchLimits limits = fast_limits();
+  limits.min_deadline_seconds = 0.5;
+  limits.min_bytes_per_second = 1e9;  // the floor decides
+  const auto start = std::chrono::steady_clock::now();
+  const std::string what = failure({"drip"}, limits);
+  EXPECT_NE(what.find(base_ + "drip/train-images-idx3-ubyte.gz: not done within its deadline of 0.5 s"),
+            std::string::npos)
+      << what;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1500));
+  EXPECT_TRUE(entries().empty());
+  download({"drip", "good"}, limits);
+  EXPECT_EQ(entries(), kAllFour);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));  // five deadlines and change
+}
+
+// A SIGINT (here the stop request the CLI's signal watch sets) abandons the transfer
+// within about a second, long before the drip or its deadline ends it.
+TEST_F(Download, AStopSignalAbandonsTheDownloadAtOnceAndLeavesNothing) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto stop = [&] { return std::chrono::steady_clock::now() - start > std::chrono::milliseconds(300) ? SIGINT : 0; };
+  try {
+    download({"drip", "good"}, fast_limits(), stop);
+    ADD_FAILURE() << "the download was not abandoned";
+  } catch (const mnist_mt::Interrupted& e) {
+    EXPECT_EQ(e.signal(), SIGINT);
+    EXPECT_NE(std::string(e.what()).find((dir_ / "train-images-idx3-ubyte.gz").string() + ": download abandoned (SIGINT)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(2000));
+  EXPECT_TRUE(entries().empty());  // no partial or temp file
 }
 
 // Debian re-compressed Fashion-MNIST: its .gz checksums differ from the published ones,

@@ -282,6 +282,53 @@ TEST(IdxGzip, CompressedTwice) {
   expect_images_error(write(dir / "twice.gz", gzip(gzip(images_file(1)))), "gzip-compressed twice?");
 }
 
+// gzip(1) and zlib's gzread ignore what follows the last member; a file with anything
+// but another whole member there is refused, whatever the IDX data says.
+TEST(IdxGzip, BytesAfterTheLastMemberMustBeAnotherMember) {
+  TempDir dir;
+  const Bytes gz = gzip(images_file(2));
+  const std::vector<std::pair<Bytes, std::string>> tails = {
+      {{'j', 'u', 'n', 'k'}, "trailing bytes after the gzip stream that are not a gzip member (incorrect header check)"},
+      {Bytes(512, 0), "trailing bytes after the gzip stream that are not a gzip member"},
+      {{0x1f, 0x8b}, "trailing bytes after the gzip stream that are not a gzip member (unexpected end of file)"},
+      {{0x1f, 0x8b, 0x08, 0, 0, 0, 0, 0, 0, 3, 0xff, 0xff}, "corrupt gzip stream"},  // a header, then garbage
+  };
+  for (std::size_t i = 0; i < tails.size(); ++i) {
+    Bytes bytes = gz;
+    bytes.insert(bytes.end(), tails[i].first.begin(), tails[i].first.end());
+    expect_images_error(write(dir / ("tail" + std::to_string(i) + ".gz"), bytes), tails[i].second);
+  }
+  // Whole members are the concatenation of their contents, as gzip(1) makes them.
+  const Bytes content = images_file(3);
+  const std::size_t half = content.size() / 2;
+  Bytes two = gzip(Bytes(content.begin(), content.begin() + half));
+  const Bytes second = gzip(Bytes(content.begin() + half, content.end()));
+  two.insert(two.end(), second.begin(), second.end());
+  EXPECT_EQ(read_idx_images(write(dir / "two.gz", two)).pixels, Bytes(content.begin() + 16, content.end()));
+}
+
+// Opening a FIFO (or a device) for reading waits for a writer: the reader must see that
+// it is not a regular file without opening it that way. A child process, so that a
+// reader that blocks is killed by the alarm instead of hanging the test.
+TEST(IdxFile, AFifoIsRefusedWithoutBlocking) {
+  TempDir dir;
+  for (const char* name : {"fifo", "fifo.gz"}) {
+    const fs::path path = dir / name;
+    ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+    EXPECT_EXIT(
+        {
+          ::alarm(5);
+          try {
+            read_idx_labels(path);
+          } catch (const InputError& e) {
+            std::_Exit(std::string(e.what()) == path.string() + ": cannot read: not a regular file" ? 0 : 1);
+          }
+          std::_Exit(3);
+        },
+        ::testing::ExitedWithCode(0), "");
+  }
+}
+
 TEST(IdxFile, MissingFile) {
   TempDir dir;
   expect_images_error(dir / "absent", "cannot open: No such file or directory");

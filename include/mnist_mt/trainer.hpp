@@ -64,7 +64,8 @@ struct TrainConfig {
   std::optional<std::filesystem::path> save;
   std::uint32_t save_every = 0;    // also save every this many global steps (0: epoch ends only)
   std::uint32_t keep = 1;          // checkpoints kept: >1 names each by its step, `save` links the latest
-  // Where a stop request saves when `save` is not given.
+  // Where a stop request saves when `save` is not given; empty: nowhere, the run stops
+  // without a checkpoint (the CLI found no place it may write).
   std::filesystem::path interrupt_save = "mnist_mt-interrupted.safetensors";
   NanPolicy on_nan = NanPolicy::kStop;
   double timeout_s = 600;          // a rank without progress for this long fails the run; 0: never

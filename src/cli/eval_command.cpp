@@ -8,6 +8,7 @@
 #include "data/file_io.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/evaluate.hpp"
+#include "outputs.hpp"
 
 namespace mnist_mt::cli {
 namespace {
@@ -64,6 +65,11 @@ int run_eval(const EvalFlags& f) {
   EvalConfig config;
   config.batch = count_flag(f.batch, 0, "--batch-size");
   config.checkpoint = f.load;
+  RunFiles files;
+  if (f.json) files.outputs.push_back({*f.json, "--json"});
+  files.inputs.push_back({f.load, "--load", true});
+  add_data_files(f.data, files);
+  check_run_files(files);
   Devices devices = pick_devices(f.device);
   config.devices = devices.ids;
   load_flag(f.load);  // evaluate() reads it again
@@ -81,6 +87,7 @@ int run_eval(const EvalFlags& f) {
       throw InputError(std::string("--json: ") + e.what());
     }
   }
+  finish_stdout();
   return 0;
 }
 

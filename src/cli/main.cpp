@@ -4,6 +4,7 @@
 // stderr. Under mpirun/srun, training runs as one of several processes.
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <csignal>
 #include <functional>
 #include <iostream>
 #include <stdexcept>
@@ -73,6 +74,9 @@ int main(int argc, char** argv) {
     print_version();
     return 0;
   }
+  // As training does (SignalWatch): a reader that closes the pipe early fails the
+  // writes to stdout, which finish_stdout reports, instead of ending us before our files.
+  std::signal(SIGPIPE, SIG_IGN);
   if (eval_app->parsed()) return guarded([&] { return run_eval(eval); });
   if (predict_app->parsed()) return guarded([&] { return run_predict(predict); });
   // Training only: the first SIGINT/SIGTERM stops it after the step in flight with a

@@ -8,6 +8,7 @@
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/image.hpp"
 #include "mnist_mt/predict.hpp"
+#include "outputs.hpp"
 
 namespace mnist_mt::cli {
 
@@ -54,6 +55,7 @@ int run_predict(const PredictFlags& f) {
     if (labels[i] >= 0) std::cout << ", label " << labels[i];
     std::cout << '\n';
   }
+  finish_stdout();
   return 0;
 }
 

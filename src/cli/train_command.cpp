@@ -1,12 +1,18 @@
+#include <unistd.h>
+
+#include <filesystem>
 #include <iostream>
 #include <optional>
+#include <string>
 #include <string_view>
-#include <vector>
+#include <system_error>
 #include <utility>
+#include <vector>
 
 #include "commands.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/trainer.hpp"
+#include "outputs.hpp"
 #include "train/signal_watch.hpp"
 #include "train/trainer_testing.hpp"
 
@@ -64,9 +70,47 @@ const FlagNames kTrainFlags = {
 // A run stopped by a signal: where its checkpoint is, and how to go on.
 int interrupted(const Interruption& i) {
   std::cout << "mnist_mt: " << signal_name(i.signal) << ": stopped at epoch " << i.epoch + 1 << " step "
-            << i.epoch_step << " (global step " << i.step << "); checkpoint saved to " << i.checkpoint.string()
-            << "; add --load " << i.checkpoint.string() << " to the same command to finish the run" << std::endl;
+            << i.epoch_step << " (global step " << i.step << "); ";
+  if (i.checkpoint.empty()) {
+    std::cout << "no checkpoint saved (no --save, and no place to write one)" << std::endl;
+  } else {
+    std::cout << "checkpoint saved to " << i.checkpoint.string() << "; add --load " << i.checkpoint.string()
+              << " to the same command to finish the run" << std::endl;
+  }
   return 128 + i.signal;
+}
+
+// The files of the run by their flags, checked before it finds or downloads the data.
+RunFiles run_files(const TrainFlags& f, const TrainConfig& config) {
+  RunFiles files;
+  if (config.save) files.outputs.push_back({*config.save, "--save", true});
+  if (config.metrics) files.outputs.push_back({*config.metrics, "--metrics"});
+  if (config.trace) files.outputs.push_back({*config.trace, "--trace"});
+  if (config.save && config.keep > 1) files.numbered = *config.save;
+  if (config.load) files.inputs.push_back({*config.load, "--load", true});
+  add_data_files(f.data, files);
+  return files;
+}
+
+// Without --save, where a stop request saves: the working directory, else the temp
+// directory, whichever the rule allows now; empty, and the start line's note says why,
+// when neither does. So that a stop never ends in an error that loses the run.
+std::filesystem::path interrupt_checkpoint(const TrainConfig& config, const RunFiles& files, std::string& note) {
+  std::error_code ec;
+  const std::filesystem::path temp_dir = std::filesystem::temp_directory_path(ec);
+  std::vector<std::filesystem::path> places{config.interrupt_save};
+  if (!ec) places.push_back(temp_dir / ("mnist_mt-interrupted-" + std::to_string(::geteuid()) + ".safetensors"));
+  std::string refused;
+  for (const std::filesystem::path& place : places) {
+    const std::optional<std::string> problem = checkpoint_problem(place, files);
+    if (!problem) {
+      if (!refused.empty()) note = "; SIGINT/SIGTERM saves to " + place.string() + " (" + refused + ")";
+      return place;
+    }
+    refused += (refused.empty() ? "" : "; ") + *problem;
+  }
+  note = "; no checkpoint on SIGINT/SIGTERM without --save (" + refused + ")";
+  return {};
 }
 
 // Where the CPU devices' threads run, for the line that starts a run.
@@ -172,8 +216,16 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   Devices devices = pick_devices(f.device, pin);
   if (processes != nullptr) take_host_share(devices, f.device, *processes, config.timeout_s);
   config.devices = devices.ids;
-  // The values are checked before the data is found or downloaded.
+  // The values and the files are checked before the data is found or downloaded; by
+  // world rank 0's process, the one that writes the files.
   with_flag_names(kTrainFlags, [&] { check_train_config(config); });
+  std::string interrupt_note;
+  if (reports) {
+    const RunFiles files = run_files(f, config);
+    check_run_files(files);
+    // Several processes end at the first signal without a checkpoint.
+    if (!config.save && processes == nullptr) config.interrupt_save = interrupt_checkpoint(config, files, interrupt_note);
+  }
   if (config.load) load_flag(*config.load);  // train() reads it again
   const Dataset data = load_data(f.data, out);
   out << "mnist_mt: " << (config.mode == Mode::kDp ? "dp" : "ddp") << " on ";
@@ -181,7 +233,8 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   out << config.devices.size() << ' ' << devices.backend->name() << " device(s)";
   if (pin && devices.backend->name() == "cpu") out << pinning(config.devices.size());
   out << ", batch " << config.batch
-      << " per device, " << data.train.size() << " training and " << data.test.size() << " test images" << std::endl;
+      << " per device, " << data.train.size() << " training and " << data.test.size() << " test images"
+      << interrupt_note << std::endl;
   const TrainResult result = with_flag_names(kTrainFlags, [&] { return train(*devices.backend, data, config); });
   if (processes != nullptr) {
     // MPI_Finalize waits for every process, with no limit: the processes meet first,

@@ -3,7 +3,11 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -44,21 +48,48 @@ struct ProgressLine {
 };
 
 // Redraws the line only when what it says changes.
-int show_progress(void* user, curl_off_t total, curl_off_t now, curl_off_t, curl_off_t) {
-  auto* line = static_cast<ProgressLine*>(user);
-  if (now == 0) return 0;
+void show_progress(ProgressLine& line, curl_off_t total, curl_off_t now) {
+  if (now == 0) return;
   const curl_off_t mark = total > 0 ? 100 * now / total : now / (256 * 1024);
-  if (mark == line->mark && total == line->total) return 0;
-  line->mark = mark;
-  line->total = total;
-  line->shown = true;
+  if (mark == line.mark && total == line.total) return;
+  line.mark = mark;
+  line.total = total;
+  line.shown = true;
   if (total > 0) {
-    std::fprintf(stderr, "\r%s: %3d%% of %.1f MB", line->name.c_str(), static_cast<int>(mark),
+    std::fprintf(stderr, "\r%s: %3d%% of %.1f MB", line.name.c_str(), static_cast<int>(mark),
                  static_cast<double>(total) / 1e6);
   } else {
-    std::fprintf(stderr, "\r%s: %.1f MB", line->name.c_str(), static_cast<double>(now) / 1e6);
+    std::fprintf(stderr, "\r%s: %.1f MB", line.name.c_str(), static_cast<double>(now) / 1e6);
   }
+}
+
+// What libcurl's progress callback sees of one transfer.
+struct Watch {
+  ProgressLine* progress;                   // null: no line
+  const std::function<int()>* stop_signal;  // polled; may be empty
+  int signal = 0;                           // the one that abandoned the transfer
+};
+
+// Called as data arrives and about once a second while none does.
+int on_progress(void* user, curl_off_t total, curl_off_t now, curl_off_t, curl_off_t) {
+  auto* watch = static_cast<Watch*>(user);
+  if (*watch->stop_signal && (watch->signal = (*watch->stop_signal)()) != 0) return 1;  // aborts the transfer
+  if (watch->progress != nullptr) show_progress(*watch->progress, total, now);
   return 0;
+}
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, seconds < 10 ? "%.1f s" : "%.0f s", seconds);
+  return text;
+}
+
+[[noreturn]] void interrupted(const fs::path& target, int signal) {
+  const char* abbrev = sigabbrev_np(signal);
+  throw Interrupted(target.string() + ": download abandoned (" +
+                        (abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(signal)) +
+                        "); no partial file is left",
+                    signal);
 }
 
 void global_init() {
@@ -74,7 +105,8 @@ struct Fetched {
   std::string problem;  // empty on success
 };
 
-Fetched fetch(const std::string& url, const FetchLimits& limits, ProgressLine* progress) {
+// `deadline`: the seconds the whole transfer may take.
+Fetched fetch(const std::string& url, const FetchLimits& limits, double deadline, Watch& watch) {
   const std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> curl(curl_easy_init(), curl_easy_cleanup);
   if (!curl) return {{}, "libcurl: cannot create a handle"};
   Body body{{}, limits.max_bytes, false};
@@ -91,23 +123,29 @@ Fetched fetch(const std::string& url, const FetchLimits& limits, ProgressLine* p
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, limits.connect_seconds);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, limits.stall_seconds);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(std::ceil(deadline * 1000)));
   curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(limits.max_bytes));
   curl_easy_setopt(c, CURLOPT_USERAGENT, "mnist_mt");
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, append);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
-  if (progress != nullptr) {
-    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, show_progress);
-    curl_easy_setopt(c, CURLOPT_XFERINFODATA, progress);
-  }
+  curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+  curl_easy_setopt(c, CURLOPT_XFERINFODATA, &watch);
+  const auto start = std::chrono::steady_clock::now();
   const CURLcode rc = curl_easy_perform(c);
-  if (progress != nullptr && progress->shown) std::fputc('\n', stderr);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (watch.progress != nullptr && watch.progress->shown) std::fputc('\n', stderr);
   long status = 0;
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
   if (body.too_big || rc == CURLE_FILESIZE_EXCEEDED) {
     return {{}, "more than " + std::to_string(limits.max_bytes) + " bytes"};
   }
-  if (rc != CURLE_OK) return {{}, error[0] != '\0' ? std::string(error) : std::string(curl_easy_strerror(rc))};
+  const std::string why = error[0] != '\0' ? std::string(error) : std::string(curl_easy_strerror(rc));
+  // libcurl counts whole milliseconds, and may end the transfer a little before `took`
+  // reaches the deadline.
+  if (rc == CURLE_OPERATION_TIMEDOUT && took >= 0.99 * deadline)
+    return {{}, "not done within its deadline of " + seconds_text(deadline) + " (" + why + ")"};
+  if (rc != CURLE_OK) return {{}, why};
   if (status >= 400) return {{}, "HTTP " + std::to_string(status)};
   return {std::move(body.bytes), ""};
 }
@@ -123,7 +161,7 @@ bool present_and_verified(const fs::path& path, const FileSpec& file, const Fetc
 }
 
 void download_file(const DatasetSpec& spec, const FileSpec& file, const fs::path& dir, const FetchLimits& limits,
-                   std::ostream* log, bool show) {
+                   std::ostream* log, bool show, const std::function<int()>& stop_signal) {
   const std::string gz_name = file.name + ".gz";
   const fs::path target = dir / gz_name;
   const bool raw_ok = present_and_verified(dir / file.name, file, limits);
@@ -136,7 +174,9 @@ void download_file(const DatasetSpec& spec, const FileSpec& file, const fs::path
     if (!base.empty() && base.back() != '/') base += '/';
     const std::string url = base + gz_name;
     ProgressLine line{gz_name};
-    Fetched got = fetch(url, limits, show ? &line : nullptr);
+    Watch watch{show ? &line : nullptr, &stop_signal};
+    Fetched got = fetch(url, limits, deadline_seconds(limits, file.content_bytes), watch);
+    if (watch.signal != 0) interrupted(target, watch.signal);
     if (got.problem.empty() && !verifies(file, got.bytes)) got.problem = "checksum mismatch";
     if (got.problem.empty()) {
       write_file_atomically(target, got.bytes);
@@ -151,19 +191,23 @@ void download_file(const DatasetSpec& spec, const FileSpec& file, const fs::path
 
 }  // namespace
 
+double deadline_seconds(const FetchLimits& limits, std::uint64_t bytes) {
+  return std::max(limits.min_deadline_seconds, static_cast<double>(bytes) / limits.min_bytes_per_second);
+}
+
 void download_files(const DatasetSpec& spec, const fs::path& dir, const FetchLimits& limits, std::ostream* log,
-                    bool show_progress) {
+                    bool show_progress, const std::function<int()>& stop_signal) {
   global_init();
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw InputError(dir.string() + ": cannot create the download directory: " + ec.message());
-  for (const FileSpec& file : spec.files) download_file(spec, file, dir, limits, log, show_progress);
+  for (const FileSpec& file : spec.files) download_file(spec, file, dir, limits, log, show_progress, stop_signal);
 }
 
 void download_dataset(const DownloadRequest& request) {
   DatasetSpec spec = dataset_spec(request.kind);
   spec.mirrors.insert(spec.mirrors.begin(), request.extra_mirrors.begin(), request.extra_mirrors.end());
-  download_files(spec, request.dir, FetchLimits{}, request.log, request.show_progress);
+  download_files(spec, request.dir, FetchLimits{}, request.log, request.show_progress, request.stop_signal);
 }
 
 }  // namespace mnist_mt

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <array>
@@ -11,9 +10,11 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
-#include <utility>
+#include <vector>
 
+#include "gunzip.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 
@@ -31,6 +32,8 @@ constexpr std::uint64_t kMaxDeflateRatio = 1032;
 // Decompressed data grows the buffer by at most this much (or by doubling), so memory
 // follows the bytes actually read, not the declared size.
 constexpr std::size_t kReadChunk = std::size_t{1} << 20;
+// Compressed bytes read from the file at a time.
+constexpr std::size_t kCompressedChunk = std::size_t{128} << 10;
 
 [[noreturn]] void fail(const fs::path& path, const std::string& problem) {
   throw InputError(path.string() + ": " + problem);
@@ -56,32 +59,19 @@ class Fd {
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
-};
-
-class GzFile {
- public:
-  explicit GzFile(gzFile file) : file_(file) {}
-  ~GzFile() {
-    if (file_ != nullptr) gzclose_r(file_);
-  }
-  GzFile(const GzFile&) = delete;
-  GzFile& operator=(const GzFile&) = delete;
-  gzFile get() const { return file_; }
-  int close() { return gzclose_r(std::exchange(file_, nullptr)); }
-
- private:
-  gzFile file_;
 };
 
 // The bytes of one IDX file, raw or gzip, read front to back. Every I/O, zlib or
 // framing failure becomes an InputError naming the file.
 class IdxSource {
  public:
-  explicit IdxSource(const fs::path& path) : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+  // O_NONBLOCK: opening a FIFO or a device must not wait for a writer; only a regular
+  // file is read, and on those the flag changes nothing.
+  explicit IdxSource(const fs::path& path)
+      : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)) {
     if (fd_.get() < 0) fail(path_, std::string("cannot open: ") + std::strerror(errno));
     struct stat st {};
     if (::fstat(fd_.get(), &st) != 0) fail(path_, std::string("cannot stat: ") + std::strerror(errno));
@@ -92,11 +82,10 @@ class IdxSource {
     std::array<std::uint8_t, 2> magic{};
     const std::size_t got = read_raw(magic.data(), magic.size());
     if (got == magic.size() && magic == kGzipMagic) {
-      if (::lseek(fd_.get(), 0, SEEK_SET) != 0) fail(path_, std::string("cannot seek: ") + std::strerror(errno));
-      gz_ = std::make_unique<GzFile>(gzdopen(fd_.get(), "rb"));
-      if (gz_->get() == nullptr) fail(path_, "cannot open gzip stream: out of memory");
-      fd_.release();  // gzclose_r closes it now
-      gzbuffer(gz_->get(), 128 * 1024);
+      inflater_ = std::make_unique<GzipInflater>();
+      compressed_.resize(kCompressedChunk);
+      std::copy(magic.begin(), magic.end(), compressed_.begin());
+      in_ = std::span(compressed_.data(), magic.size());
     } else {
       pending_ = magic;
       pending_end_ = got;
@@ -104,7 +93,7 @@ class IdxSource {
   }
 
   const fs::path& path() const { return path_; }
-  bool gzip() const { return gz_ != nullptr; }
+  bool gzip() const { return inflater_ != nullptr; }
 
   // Rejects a declared total size the file cannot hold, before anything is allocated.
   void check_declared(std::uint64_t total) const {
@@ -130,7 +119,7 @@ class IdxSource {
     return done;
   }
 
-  // Requires the end of the data here, and a clean end of the gzip stream.
+  // Requires the end of the data here (and so of the file, at the end of a gzip member).
   void finish() {
     std::array<std::uint8_t, 4096> scratch{};
     std::uint64_t extra = 0;
@@ -138,11 +127,6 @@ class IdxSource {
     if (extra > 0)
       fail(path_, "trailing bytes: " + std::to_string(extra) + " after the " + std::to_string(consumed_ - extra) +
                       " bytes the header declares" + (gzip() ? " (decompressed)" : ""));
-    if (gzip()) {
-      const int rc = gz_->close();
-      if (rc == Z_BUF_ERROR) fail(path_, "truncated gzip stream (unexpected end of file)");
-      if (rc != Z_OK) fail(path_, "gzip close failed (zlib error " + std::to_string(rc) + ")");
-    }
   }
 
  private:
@@ -161,35 +145,28 @@ class IdxSource {
   }
 
   std::size_t read_gzip(std::uint8_t* dst, std::size_t n) {
-    std::size_t done = 0;
-    while (done < n) {
-      const unsigned ask = static_cast<unsigned>(std::min<std::size_t>(n - done, kReadChunk));
-      const int got = gzread(gz_->get(), dst + done, ask);
-      if (got < 0) gzip_failed();
-      done += static_cast<std::size_t>(got);
-      if (static_cast<unsigned>(got) < ask) break;
+    std::span<std::uint8_t> out(dst, n);
+    while (!out.empty()) {
+      if (in_.empty()) {
+        if (end_of_file_) {  // the data ends here: it must be at the end of a member
+          if (const auto problem = inflater_->finish()) fail(path_, *problem);
+          break;
+        }
+        const std::size_t got = read_raw(compressed_.data(), compressed_.size());
+        end_of_file_ = got < compressed_.size();
+        in_ = std::span(compressed_.data(), got);
+      }
+      if (const auto problem = inflater_->inflate(in_, out)) fail(path_, *problem);
     }
-    // zlib reports a truncated stream only as a soft error beside a short read.
-    int err = Z_OK;
-    gzerror(gz_->get(), &err);
-    if (err != Z_OK) gzip_failed();
-    return done;
-  }
-
-  [[noreturn]] void gzip_failed() {
-    int err = Z_OK;
-    const char* msg = gzerror(gz_->get(), &err);
-    if (err == Z_BUF_ERROR) fail(path_, "truncated gzip stream (unexpected end of file)");
-    if (err == Z_ERRNO) fail(path_, std::string("read error: ") + std::strerror(errno));
-    // zlib prefixes the message with its own name for the stream ("<fd:3>: ").
-    std::string text = msg != nullptr ? msg : "";
-    if (const auto colon = text.find(": "); colon != std::string::npos) text.erase(0, colon + 2);
-    fail(path_, "corrupt gzip stream: " + (text.empty() ? std::string("unknown error") : text));
+    return n - out.size();
   }
 
   fs::path path_;
   Fd fd_;
-  std::unique_ptr<GzFile> gz_;
+  std::unique_ptr<GzipInflater> inflater_;  // null: a raw file
+  std::vector<std::uint8_t> compressed_;    // gzip: what was read of the file
+  std::span<const std::uint8_t> in_;        // gzip: the part of it not inflated yet
+  bool end_of_file_ = false;
   std::uint64_t file_bytes_ = 0;
   std::uint64_t consumed_ = 0;
   std::array<std::uint8_t, 2> pending_{};  // bytes read while sniffing for gzip

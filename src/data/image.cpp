@@ -1,11 +1,12 @@
 #include "mnist_mt/image.hpp"
 
 #include <png.h>
-#include <stb_image.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
-#include <memory>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,27 @@ void check_size(const fs::path& path, std::uint64_t width, std::uint64_t height)
   }
 }
 
+// libpng maps a palette index past the palette to black without a word; such a file
+// is refused. The colour-mapped read hands over the indices as they are in the file.
+void check_palette_indices(const fs::path& path, const std::vector<std::uint8_t>& bytes) {
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  struct Free {
+    png_image* image;
+    ~Free() { png_image_free(image); }
+  } free_image{&image};
+  if (png_image_begin_read_from_memory(&image, bytes.data(), bytes.size()) == 0) fail(path, image.message);
+  const std::uint32_t entries = image.colormap_entries;
+  image.format = PNG_FORMAT_RGBA_COLORMAP;
+  std::vector<std::uint8_t> indices(PNG_IMAGE_SIZE(image));
+  std::vector<std::uint8_t> colormap(PNG_IMAGE_COLORMAP_SIZE(image));
+  if (png_image_finish_read(&image, nullptr, indices.data(), 0, colormap.data()) == 0) fail(path, image.message);
+  const auto bad = std::find_if(indices.begin(), indices.end(), [&](std::uint8_t i) { return i >= entries; });
+  if (bad != indices.end())
+    fail(path, "palette index " + std::to_string(*bad) + " at pixel " + std::to_string(bad - indices.begin()) +
+                   " is past the " + std::to_string(entries) + "-entry palette");
+}
+
 // libpng's simplified API: any PNG to 8-bit grey, alpha composited onto black.
 DigitImage decode_png(const fs::path& path, const std::vector<std::uint8_t>& bytes) {
   png_image image{};
@@ -41,6 +63,7 @@ DigitImage decode_png(const fs::path& path, const std::vector<std::uint8_t>& byt
   } free_image{&image};
   if (png_image_begin_read_from_memory(&image, bytes.data(), bytes.size()) == 0) fail(path, image.message);
   check_size(path, image.width, image.height);
+  if ((image.format & PNG_FORMAT_FLAG_COLORMAP) != 0) check_palette_indices(path, bytes);
   image.format = PNG_FORMAT_GRAY;
   std::vector<std::uint8_t> grey(PNG_IMAGE_SIZE(image));
   const png_color black{0, 0, 0};
@@ -48,18 +71,64 @@ DigitImage decode_png(const fs::path& path, const std::vector<std::uint8_t>& byt
   return resize_area(grey.data(), image.width, image.height);
 }
 
-// stb_image for binary PGM (P5); it reads the header's maxval and scales to 8 bits.
-DigitImage decode_pgm(const fs::path& path, const std::vector<std::uint8_t>& bytes) {
-  int width = 0, height = 0, channels = 0;
-  const int len = static_cast<int>(bytes.size());
-  if (stbi_info_from_memory(bytes.data(), len, &width, &height, &channels) == 0) {
-    fail(path, std::string("not a valid PGM image: ") + stbi_failure_reason());
+bool pgm_space(std::uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; }
+
+// The next number of a PGM header, after whitespace and '#' comments (to the end of the
+// line); nothing when there is none or it is over 32 bits. `at` moves past it.
+std::optional<std::uint32_t> pgm_number(const std::vector<std::uint8_t>& bytes, std::size_t& at) {
+  while (at < bytes.size() && (pgm_space(bytes[at]) || bytes[at] == '#')) {
+    if (bytes[at] == '#')
+      while (at < bytes.size() && bytes[at] != '\n' && bytes[at] != '\r') ++at;
+    else
+      ++at;
   }
+  std::uint64_t value = 0;
+  const std::size_t first = at;
+  for (; at < bytes.size() && bytes[at] >= '0' && bytes[at] <= '9'; ++at) {
+    value = value * 10 + (bytes[at] - '0');
+    if (value > std::numeric_limits<std::uint32_t>::max()) return std::nullopt;
+  }
+  if (at == first) return std::nullopt;
+  return static_cast<std::uint32_t>(value);
+}
+
+// Binary PGM (P5) as Netpbm defines it, read here rather than by a lenient decoder:
+// width, height and maxval (1 to 65535), one whitespace byte, then exactly width x height
+// samples of one byte (two, big-endian, when maxval > 255), none above maxval. Samples
+// are scaled to 0..255.
+DigitImage decode_pgm(const fs::path& path, const std::vector<std::uint8_t>& bytes) {
+  std::size_t at = 2;  // past "P5"
+  std::array<std::uint32_t, 3> header{};
+  static constexpr std::array<const char*, 3> kNames = {"width", "height", "maxval"};
+  for (std::size_t i = 0; i < header.size(); ++i) {
+    const std::optional<std::uint32_t> value = pgm_number(bytes, at);
+    if (!value) fail(path, std::string("PGM header has no valid ") + kNames[i]);
+    header[i] = *value;
+  }
+  const auto [width, height, maxval] = header;
+  if (at == bytes.size() || !pgm_space(bytes[at])) fail(path, "PGM header: no whitespace after the maxval");
+  ++at;
   check_size(path, width, height);
-  const std::unique_ptr<stbi_uc, decltype(&stbi_image_free)> grey(
-      stbi_load_from_memory(bytes.data(), len, &width, &height, &channels, 1), stbi_image_free);
-  if (!grey) fail(path, std::string("cannot decode the PGM image: ") + stbi_failure_reason());
-  return resize_area(grey.get(), width, height);
+  if (maxval == 0 || maxval > 65535) fail(path, "PGM maxval " + std::to_string(maxval) + " is not 1 to 65535");
+  const std::size_t sample_bytes = maxval > 255 ? 2 : 1;
+  const std::uint64_t pixels = std::uint64_t{width} * height;
+  const std::uint64_t needed = pixels * sample_bytes, present = bytes.size() - at;
+  if (present < needed)
+    fail(path, "PGM pixel data truncated: " + std::to_string(present) + " bytes, the " + std::to_string(width) + "x" +
+                   std::to_string(height) + " header needs " + std::to_string(needed));
+  if (present > needed)
+    fail(path, std::to_string(present - needed) + " bytes after the PGM pixel data (" + std::to_string(needed) +
+                   " bytes for " + std::to_string(width) + "x" + std::to_string(height) + ")");
+  std::vector<std::uint8_t> grey(pixels);
+  const std::uint8_t* data = bytes.data() + at;
+  for (std::size_t i = 0; i < pixels; ++i) {
+    const std::uint32_t value = sample_bytes == 1 ? data[i] : (std::uint32_t{data[2 * i]} << 8) | data[2 * i + 1];
+    if (value > maxval)
+      fail(path, "PGM sample " + std::to_string(value) + " at pixel " + std::to_string(i) + " exceeds the maxval " +
+                     std::to_string(maxval));
+    grey[i] = static_cast<std::uint8_t>((value * 255 + maxval / 2) / maxval);
+  }
+  return resize_area(grey.data(), width, height);
 }
 
 }  // namespace

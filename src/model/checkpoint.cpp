@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "data/file_io.hpp"
 #include "mnist_mt/error.hpp"
@@ -112,6 +114,59 @@ Extent check_tensor(const std::filesystem::path& path, const std::string& name, 
   return {begin, end, &name};
 }
 
+// One past the '}' that closes the JSON object `text` starts with (npos: none), so that
+// what follows it can be told from the JSON. Brackets are counted outside strings.
+std::size_t object_end(std::string_view text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if ((c == '}' || c == ']') && --depth == 0) {
+      return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+// The header as strictly as safetensors defines it: a JSON object from its first byte,
+// padded with spaces only, and no key twice in an object (parsers differ on which of
+// the two they keep).
+Json parse_header(const std::filesystem::path& path, std::string_view text) {
+  if (text.empty() || text.front() != '{') fail(path, "header is not a JSON object (it must start with '{')");
+  const std::size_t end = std::min(object_end(text), text.size());
+  std::vector<std::set<std::string>> keys;  // of each object open while parsing
+  std::string repeated;
+  const Json::parser_callback_t check_keys = [&](int, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) keys.emplace_back();
+    if (event == Json::parse_event_t::object_end) keys.pop_back();
+    if (event == Json::parse_event_t::key && !keys.back().insert(parsed.get<std::string>()).second && repeated.empty())
+      repeated = parsed.get<std::string>();
+    return true;
+  };
+  Json header;
+  try {
+    header = Json::parse(text.begin(), text.begin() + end, check_keys);
+  } catch (const Json::exception& e) {
+    fail(path, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (const std::size_t bad = text.find_first_not_of(' ', end); bad != std::string_view::npos)
+    fail(path, "header has bytes after its JSON other than space padding (from byte " + std::to_string(bad) +
+                   " of the header)");
+  if (!repeated.empty()) fail(path, "header has the key '" + repeated + "' twice in one object");
+  return header;
+}
+
 template <class T>
 T metadata_number(const std::filesystem::path& path, const Json& metadata, const char* key) {
   const auto it = metadata.find(key);
@@ -152,13 +207,7 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
   const char* data = reinterpret_cast<const char*>(bytes.data()) + 8 + header_bytes;
   const std::uint64_t data_bytes = bytes.size() - 8 - header_bytes;
 
-  Json header;
-  try {
-    header = Json::parse(reinterpret_cast<const char*>(bytes.data()) + 8, data);
-  } catch (const Json::exception& e) {
-    fail(path, std::string("header is not valid JSON: ") + e.what());
-  }
-  if (!header.is_object()) fail(path, "header is not a JSON object");
+  const Json header = parse_header(path, {reinterpret_cast<const char*>(bytes.data()) + 8, header_bytes});
 
   const auto metadata = header.find("__metadata__");
   if (metadata == header.end()) fail(path, "no __metadata__ (format_version, epoch, step, seed)");

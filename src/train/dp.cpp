@@ -80,6 +80,8 @@ class DpLoop {
       }
     } catch (...) {
       first = std::current_exception();
+      // Ranks not reached never join: released, so that closing the group cannot wait for them.
+      for (auto& c : run_.comms) c->abort();
     }
     const std::function<void()> ends[] = {local_group_end, [this] { run_.backend.group_end(); }};
     for (const auto& end : ends) {

@@ -1,15 +1,26 @@
 #include "metrics.hpp"
 
+#include <sys/stat.h>
+
 #include <cerrno>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "mnist_mt/error.hpp"
+#include "data/file_io.hpp"
 
 namespace mnist_mt {
+namespace {
 
-MetricsFile::MetricsFile(const std::filesystem::path& path) : path_(path), out_(path, std::ios::trunc) {
-  if (!out_) throw InputError("metrics file " + path.string() + ": cannot write: " + std::strerror(errno), "metrics");
+// Far above a run's lines (about 400 bytes an epoch): only a bound on a wrong file.
+constexpr std::uint64_t kMaxMetricsBytes = std::uint64_t{64} << 20;
+
+}  // namespace
+
+MetricsFile::MetricsFile(const std::filesystem::path& path, bool append) : path_(path) {
+  struct stat st {};
+  if (!append || (::stat(path.c_str(), &st) != 0 && errno == ENOENT)) return;
+  const std::vector<std::uint8_t> bytes = read_file_bytes(path, kMaxMetricsBytes);
+  text_.assign(bytes.begin(), bytes.end());
+  if (!text_.empty() && text_.back() != '\n') text_ += '\n';  // a line cut short stays a line of its own
 }
 
 void MetricsFile::write(const EpochMetrics& m) {
@@ -34,8 +45,8 @@ void MetricsFile::write(const EpochMetrics& m) {
         {"gather", m.phase_seconds.gather},
         {"host_launch", m.phase_seconds.host_launch}}},
   };
-  out_ << line.dump() << '\n' << std::flush;
-  if (!out_) throw RuntimeFailure("metrics file " + path_.string() + ": writing failed");
+  text_ += line.dump() + '\n';
+  write_file_atomically(path_, {reinterpret_cast<const std::uint8_t*>(text_.data()), text_.size()});
 }
 
 }  // namespace mnist_mt

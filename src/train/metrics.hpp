@@ -2,7 +2,7 @@
 // Per-epoch metrics: the phase clock of a training step and the --metrics file.
 #include <chrono>
 #include <filesystem>
-#include <fstream>
+#include <string>
 
 #include "mnist_mt/trainer.hpp"
 
@@ -27,17 +27,19 @@ class Stopwatch {
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
 };
 
-// One JSON object per line per epoch, each written and flushed as its epoch ends, so a
-// crashed or interrupted run keeps the epochs it finished.
+// One JSON object per line per epoch. The file is replaced (atomically, through any
+// symbolic link) as each epoch ends, so a crashed or interrupted run keeps the epochs
+// it finished, and no reader ever sees it half-written.
 class MetricsFile {
  public:
-  // Throws InputError when the file cannot be created.
-  explicit MetricsFile(const std::filesystem::path& path);
+  // `append` (a run resumed with --load): the lines the file holds now are kept before
+  // this run's. Throws InputError when they cannot be read.
+  MetricsFile(const std::filesystem::path& path, bool append);
   void write(const EpochMetrics& m);
 
  private:
   std::filesystem::path path_;
-  std::ofstream out_;
+  std::string text_;  // all the file is to hold
 };
 
 }  // namespace mnist_mt

@@ -77,7 +77,12 @@ void Progress::end_epoch(const EpochMetrics& m) {
   if (out_ == nullptr) return;
   if (line_open_) *out_ << '\n';
   line_open_ = false;
-  *out_ << format("epoch %u: train loss %.4f", m.epoch, m.train_loss);
+  // An epoch resumed at its end, or whose every step was skipped, has no loss to show.
+  if (std::isnan(m.train_loss)) {
+    *out_ << format("epoch %u: no training loss (%s)", m.epoch, m.steps == 0 ? "no steps" : "every step skipped");
+  } else {
+    *out_ << format("epoch %u: train loss %.4f", m.epoch, m.train_loss);
+  }
   if (!std::isnan(m.test_loss)) {
     *out_ << format(", test loss %.4f, test accuracy %.2f%%", m.test_loss, 100.0 * m.test_accuracy);
   }

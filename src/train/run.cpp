@@ -231,7 +231,7 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
   // World rank 0's process writes the files and speaks.
   if (!layout.note.empty() && config.progress != nullptr && place.process() == 0)
     *config.progress << layout.note << "\n";
-  if (config.metrics && place.process() == 0) metrics_.emplace(*config.metrics);
+  if (config.metrics && place.process() == 0) metrics_.emplace(*config.metrics, config.load.has_value());
   if (config.trace && place.process() == 0) trace.emplace(*config.trace, start.step, config.trace_steps);
   Watchdog::Hooks hooks;
   hooks.on_stall = [this](int rank, std::uint64_t step, Phase phase, double seconds) {
@@ -479,7 +479,7 @@ void Run::end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step) {
 
 void Run::end_interrupted(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step) {
   const std::filesystem::path path = config.save.value_or(config.interrupt_save);
-  save(replica, epoch, epoch_step, step, path);
+  if (!path.empty()) save(replica, epoch, epoch_step, step, path);  // empty: nowhere to save
   result.interrupted = Interruption{config.stop->stop_signal(), path, epoch, epoch_step, step};
 }
 

@@ -1,14 +1,11 @@
 #include "saver.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <system_error>
 
+#include "data/file_io.hpp"
 #include "mnist_mt/error.hpp"
 
 namespace mnist_mt {
@@ -18,27 +15,29 @@ bool finite(const std::vector<float>& v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
 }
 
-// Points `path` at `target` atomically: a hard link under a temp name, renamed over it.
-void link_latest(const std::filesystem::path& target, const std::filesystem::path& path) {
-  std::filesystem::path temp = path;
-  temp.replace_filename("." + path.filename().string() + ".link-" + std::to_string(::getpid()));
-  std::error_code ec;
-  std::filesystem::remove(temp, ec);
-  std::filesystem::create_hard_link(target, temp, ec);
-  if (!ec) std::filesystem::rename(temp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(temp, ignored);
-    throw RuntimeFailure(path.string() + ": cannot link it to " + target.string() + ": " + ec.message());
-  }
-}
-
 }  // namespace
 
 std::filesystem::path numbered_checkpoint(const std::filesystem::path& path, std::uint64_t step) {
   std::filesystem::path out = path;
   out.replace_filename(path.stem().string() + ".step-" + std::to_string(step) + path.extension().string());
   return out;
+}
+
+bool is_numbered_checkpoint(const std::filesystem::path& path, std::string_view name) {
+  const std::string prefix = path.stem().string() + ".step-", suffix = path.extension().string();
+  if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) || !name.ends_with(suffix)) return false;
+  const std::string_view step = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  return std::all_of(step.begin(), step.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::vector<std::filesystem::path> numbered_checkpoints(const std::filesystem::path& path) {
+  const std::filesystem::path target = output_target(path);
+  const std::filesystem::path dir = target.parent_path().empty() ? "." : target.parent_path();
+  std::vector<std::filesystem::path> found;
+  std::error_code ec;  // a directory that cannot be listed is reported by the checks of `path`
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (is_numbered_checkpoint(target, it->path().filename().string())) found.push_back(it->path());
+  return found;
 }
 
 void Saver::save(const std::filesystem::path& path, const Checkpoint& checkpoint) {
@@ -50,9 +49,13 @@ void Saver::save(const std::filesystem::path& path, const Checkpoint& checkpoint
     save_checkpoint(path, checkpoint);
     return;
   }
-  const std::filesystem::path numbered = numbered_checkpoint(path, checkpoint.step);
+  const std::filesystem::path target = output_target(path);
+  const std::filesystem::path numbered = numbered_checkpoint(target, checkpoint.step);
+  // A killed save of another step left its temp file under that step's name.
+  remove_dead_temp_files(numbered.parent_path().empty() ? "." : numbered.parent_path(),
+                         [&](std::string_view name) { return is_numbered_checkpoint(target, name); });
   save_checkpoint(numbered, checkpoint);
-  link_latest(numbered, path);
+  link_atomically(numbered, target);
   if (kept_.empty() || kept_.back() != numbered) kept_.push_back(numbered);
   while (kept_.size() > keep_) {
     std::error_code ignored;  // a file the user removed already is no failure
@@ -62,22 +65,10 @@ void Saver::save(const std::filesystem::path& path, const Checkpoint& checkpoint
 }
 
 void check_output_path(const std::filesystem::path& path, const char* what, const char* input) {
-  const std::filesystem::path dir = path.parent_path().empty() ? "." : path.parent_path();
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) {
-    throw InputError(std::string(what) + " " + path.string() + ": directory " + dir.string() + " does not exist",
-                     input);
-  }
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    throw InputError(std::string(what) + " " + path.string() + ": directory " + dir.string() +
-                         " is not writable: " + std::strerror(errno),
-                     input);
-  }
-  if (std::filesystem::is_directory(path, ec)) {
-    throw InputError(std::string(what) + " " + path.string() + " is a directory", input);
-  }
-  if (std::filesystem::exists(path, ec) && ::access(path.c_str(), W_OK) != 0) {
-    throw InputError(std::string(what) + " " + path.string() + " is not writable: " + std::strerror(errno), input);
+  try {
+    check_output(path);
+  } catch (const InputError& e) {
+    throw InputError(std::string(what) + " " + e.what(), input);
   }
 }
 

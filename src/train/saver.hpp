@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <string_view>
+#include <vector>
 
 #include "mnist_mt/checkpoint.hpp"
 
@@ -14,6 +16,7 @@ class Saver {
  public:
   // keep <= 1: every save replaces `path`. keep > 1: each save is its own file,
   // "<stem>.step-<STEP><ext>" beside `path`, and `path` is a hard link to the latest.
+  // A symbolic link at `path` is written through: the files go beside its target.
   explicit Saver(std::uint32_t keep) : keep_(keep) {}
   // Throws RuntimeFailure for a non-finite model or a failed write; `path` then holds
   // what it held before.
@@ -26,9 +29,13 @@ class Saver {
 
 // "<stem>.step-<STEP><ext>" beside `path`.
 std::filesystem::path numbered_checkpoint(const std::filesystem::path& path, std::uint64_t step);
+// Whether the file name `name` is one of `path`'s numbered checkpoints.
+bool is_numbered_checkpoint(const std::filesystem::path& path, std::string_view name);
+// Those present beside `path`'s final target (symbolic links followed).
+std::vector<std::filesystem::path> numbered_checkpoints(const std::filesystem::path& path);
 
-// Refuses (InputError naming `what` and the path, tagged `input`) an output path whose
-// directory is missing or not writable, or that names a directory: checked before
+// Refuses (InputError naming `what` and the path, tagged `input`) an output path that
+// the rule of every output refuses (check_output, data/file_io.hpp): checked before
 // training starts.
 void check_output_path(const std::filesystem::path& path, const char* what, const char* input);
 

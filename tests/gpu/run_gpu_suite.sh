@@ -18,13 +18,17 @@
 # in the local group of ranks sharing one GPU; the replica, each kernel and the trainer
 # against the CPU backend, judged by saved checkpoints), PyTorch on the same GPU taking the same 200
 # steps from the same weights (step_trace + torch_compare.py, TF32 off), one epoch of
-# training, a worker fault (exit 3, no hang), and the step and allreduce benchmarks.
+# training, a worker fault (exit 3, no hang), the step benchmark, PyTorch's step timed on
+# the same GPU (torch_speed.py: eager, torch.compile, reduce-overhead, one captured CUDA
+# graph; set beside bench_step's by torch_speed_table.py in summary.txt) and the
+# allreduce benchmark.
 # The checks of one rank a GPU run first, those of ranks sharing one GPU last. A check
 # still running at its limit has each thread's stack written to the log (cuda-gdb), then
-# is killed; the suite stops starting checks after SUITE_SECONDS (540).
+# is killed; the suite stops starting checks after SUITE_SECONDS (540). torch_speed takes
+# what the checks before it left, at most 150 s, keeping the later checks' limits free.
 # On a GPU host a skipped test is a failure. Writes to $OUT: summary.txt (date, GPU,
 # a verdict per check), suite.log (every check's output), gtest.json, torch_compare.json,
-# train_gpu.jsonl, bench_step.json, bench_allreduce.json. Ends with the line
+# train_gpu.jsonl, bench_step.json, torch_speed.json, bench_allreduce.json. Ends with the line
 # "N passed, N failed, N skipped" (skips counted among the failures too); exits 1 when
 # anything failed.
 set -u
@@ -36,7 +40,8 @@ data_dir=$gpu_dir/data
 build=build  # scripts/test.sh's release build, with the CUDA backend
 executables=(mnist_mt tests/test_cuda_comm tests/test_cuda_replica tests/test_cuda_trainer tests/test_cuda_kernels
              tests/step_trace bench/bench_step bench/bench_allreduce)
-outputs=(summary.txt suite.log gtest.json torch_compare.json train_gpu.jsonl bench_step.json bench_allreduce.json)
+outputs=(summary.txt suite.log gtest.json torch_compare.json train_gpu.jsonl bench_step.json torch_speed.json
+         bench_allreduce.json)
 limit_bytes=$((64 << 20))
 
 # Libraries every Linux host has, and the CUDA stack the GPU host brings itself.
@@ -57,7 +62,7 @@ pack() {
       [[ $name =~ $host_libs ]] || cp -L -n "$path" "$stage/lib/$name"
     done
   done
-  cp tests/gpu/torch_compare.py "$stage/bin/"
+  cp tests/gpu/torch_compare.py tests/gpu/torch_speed.py tests/gpu/torch_speed_table.py "$stage/bin/"
   tar -C "$stage" -cJf "$bundle_tar" bin lib || exit 1
   rm -rf "$stage"
   cp /usr/share/datasets/fashion-mnist/*-ubyte.gz "$data_dir/"
@@ -194,6 +199,8 @@ gtest() {
   elif [ "${inside:-0}" != 0 ]; then record "$name" SKIP "$inside tests skipped"
   else record "$name" PASS "${took}s"; fi
 }
+# The limits of the checks after torch_speed, which it leaves free.
+shared_trainer_s=45 shared_comm_s=40 allreduce_s=30
 shared_trainer='CudaTrainer.RanksSharingTheGpu*:CudaTrainer.AFailingRankAmongPeers*:CudaTrainer.ResumingWithPeers*'
 gtest test_cuda_kernels all 45
 gtest test_cuda_replica all 50
@@ -201,17 +208,17 @@ gtest test_cuda_trainer one-rank 70 "-$shared_trainer"
 gtest test_cuda_comm nccl 30 '*/Nccl:CudaCommAnywhere.*'
 
 # PyTorch on the same GPU takes the steps mnist_mt took: gradients, then the loss curve.
-run_logged step_trace 40 "$bin/step_trace" --backend cuda --data "$data_dir" --out "$work/trace" --steps 200
+run_logged step_trace 30 "$bin/step_trace" --backend cuda --data "$data_dir" --out "$work/trace" --steps 200
 if [ "$code" != 0 ]; then record torch_compare FAIL "step_trace exit $code"
 else
-  run_logged torch_compare 60 python3 "$bin/torch_compare.py" --trace "$work/trace" --data "$data_dir" --device cuda \
+  run_logged torch_compare 50 python3 "$bin/torch_compare.py" --trace "$work/trace" --data "$data_dir" --device cuda \
     --json "$out/torch_compare.json"
   detail=$(grep -E '^(step 0|first|loss curve)' "$log" | tail -n 3 | sed 's/: \(PASS\|FAIL\)$//' | paste -sd ';')
   [ "$code" = 0 ] && record torch_compare PASS "$detail" || record torch_compare FAIL "exit $code; $detail"
 fi
 
 # One epoch with the template's settings on one GPU.
-run_logged train_gpu 60 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --lr 0.01 --momentum 0.9 --seed 1 \
+run_logged train_gpu 45 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --lr 0.01 --momentum 0.9 --seed 1 \
   --data "$data_dir" --metrics "$out/train_gpu.jsonl"
 accuracy=$(grep -o '"test_accuracy": *[0-9.eE+-]*' "$out/train_gpu.jsonl" 2>/dev/null | tail -n 1 | sed 's/.*: *//')
 rate=$(grep -o '"images_per_s": *[0-9.eE+-]*' "$out/train_gpu.jsonl" 2>/dev/null | tail -n 1 | sed 's/.*: *//')
@@ -221,16 +228,34 @@ if [ "$code" = 0 ] && awk -v a="${accuracy:-0}" 'BEGIN { exit !(a >= 0.80) }'; t
 else record train_gpu FAIL "exit $code, test accuracy ${accuracy:-none}"; fi
 
 # A worker fault at step 20: the process names the rank and exits 3, within seconds.
-run_logged fault_gpu 30 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --data "$data_dir" --max-steps 100 \
+run_logged fault_gpu 20 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --data "$data_dir" --max-steps 100 \
   --inject-fault 0:20
 if [ "$code" = 3 ] && tail -n 5 "$log" | grep -q "rank 0 failed at step 20"; then record fault_gpu PASS "exit 3 after ${took}s"
 else record fault_gpu FAIL "exit $code after ${took}s (want 3, naming rank 0 and step 20)"; fi
 
-run_logged bench_step 75 "$bin/bench_step" --benchmark_filter='step/cuda(_eager)?/' \
+run_logged bench_step 60 "$bin/bench_step" --benchmark_filter='step/cuda(_eager)?/' \
   --benchmark_out="$out/bench_step.json" --benchmark_out_format=json
 [ "$code" = 0 ] && record bench_step PASS "${took}s" || record bench_step FAIL "exit $code"
+
+# PyTorch's step on the same GPU, timed, beside bench_step's. Its limit is what is left after
+# the later checks' limits (at most 150 s); the script skips, and names, the rows its
+# --budget-s (20 s short of the limit, for a row longer than estimated) has no room for.
+later=$((shared_trainer_s + shared_comm_s + (gpus >= 2 ? allreduce_s : 0)))
+speed_s=$((budget - SECONDS - later))
+[ "$speed_s" -gt 150 ] && speed_s=150
+if [ "$speed_s" -lt 30 ]; then
+  record torch_speed FAIL "not run: ${speed_s}s left beside the later checks' ${later}s"
+else
+  run_logged torch_speed "$speed_s" python3 "$bin/torch_speed.py" --device cuda --budget-s $((speed_s - 20)) \
+    --json "$out/torch_speed.json"
+  detail=$(grep -E '^[0-9]+ rows: ' "$log" | tail -n 1)
+  [ "$code" = 0 ] && record torch_speed PASS "$detail" || record torch_speed FAIL "exit $code after ${took}s; $detail"
+  python3 "$bin/torch_speed_table.py" --bench-step "$out/bench_step.json" --torch "$out/torch_speed.json" 2>&1 |
+    sed 's/^/  /' | tee -a "$summary" "$log"
+fi
+
 if [ "$gpus" -ge 2 ]; then
-  run_logged bench_allreduce 30 "$bin/bench_allreduce" --benchmark_filter='allreduce/cuda/' \
+  run_logged bench_allreduce "$allreduce_s" "$bin/bench_allreduce" --benchmark_filter='allreduce/cuda/' \
     --benchmark_out="$out/bench_allreduce.json" --benchmark_out_format=json
   [ "$code" = 0 ] && record bench_allreduce PASS "${took}s" || record bench_allreduce FAIL "exit $code"
 else
@@ -238,8 +263,8 @@ else
 fi
 
 # Ranks sharing one GPU, last.
-gtest test_cuda_trainer shared-gpu 45 "$shared_trainer"
-gtest test_cuda_comm shared-gpu 40 '*/SharedGpu:CudaCommSharedGpu.*:CudaCommAbort.*'
+gtest test_cuda_trainer shared-gpu "$shared_trainer_s" "$shared_trainer"
+gtest test_cuda_comm shared-gpu "$shared_comm_s" '*/SharedGpu:CudaCommSharedGpu.*:CudaCommAbort.*'
 python3 - "$out/gtest.json" "$work"/test_cuda_*.json <<'PY' 2>>"$log"
 import json, sys
 merged = {}

@@ -1,0 +1,130 @@
+#include "outputs.hpp"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <system_error>
+
+#include "data/catalog.hpp"
+#include "data/file_io.hpp"
+#include "mnist_mt/data_source.hpp"
+#include "mnist_mt/error.hpp"
+#include "train/saver.hpp"
+
+namespace mnist_mt::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+template <typename Check>
+void naming_flag(const RunFile& file, Check&& check) {
+  try {
+    check();
+  } catch (const InputError& e) {
+    throw InputError(file.flag + ": " + e.what());
+  }
+}
+
+std::string clash(const RunFile& file, const RunFile& other) {
+  if ((file.checkpoint && other.checkpoint) || !same_file(file.path, other.path)) return "";
+  return file.path.string() + ": the same file as " + other.flag + " " + other.path.string();
+}
+
+// The directory load_data reads, found as it finds it.
+std::optional<fs::path> data_dir(const DataFlags& f, DatasetKind kind) {
+  if (f.download) {
+    if (f.data) return fs::path(*f.data);
+    const fs::path root = cache_root();
+    if (root.empty()) return std::nullopt;
+    return download_dir(root, kind);
+  }
+  DataQuery query;
+  query.wanted = kind;
+  if (f.data) query.data_dir = *f.data;
+  if (const char* env = std::getenv("MNIST_MT_DATA"); env != nullptr && *env != '\0') query.env_dir = env;
+  query.cache_root = cache_root();
+  try {
+    return locate_data(query).dir;
+  } catch (const InputError&) {
+    return std::nullopt;
+  }
+}
+
+// The same directory, links followed: the numbered checkpoints lie beside --save's target.
+bool same_directory(const fs::path& a, const fs::path& b) {
+  std::error_code ea, eb;
+  const fs::path da = fs::weakly_canonical(fs::absolute(a.parent_path().empty() ? "." : a.parent_path()), ea);
+  const fs::path db = fs::weakly_canonical(fs::absolute(b.parent_path().empty() ? "." : b.parent_path()), eb);
+  return !ea && !eb && da == db;
+}
+
+}  // namespace
+
+void add_data_files(const DataFlags& f, RunFiles& files) {
+  const DatasetKind kind = f.dataset == "fashion-mnist" ? DatasetKind::kFashionMnist : DatasetKind::kMnist;
+  const std::optional<fs::path> dir = data_dir(f, kind);
+  if (!dir) return;
+  for (const FileSpec& spec : dataset_spec(kind).files) {
+    const fs::path raw = *dir / spec.name, gz = *dir / (spec.name + ".gz");
+    std::error_code ec;
+    if (fs::exists(raw, ec)) files.inputs.push_back({raw, "the data file"});
+    if (f.download) {
+      files.maybe_outputs.push_back({gz, "--download"});
+    } else if (fs::exists(gz, ec)) {
+      files.inputs.push_back({gz, "the data file"});
+    }
+  }
+}
+
+void check_run_files(const RunFiles& files) {
+  for (const RunFile& file : files.outputs) naming_flag(file, [&] { check_output(file.path); });
+  std::vector<RunFile> outputs = files.outputs;
+  outputs.insert(outputs.end(), files.maybe_outputs.begin(), files.maybe_outputs.end());
+  if (files.numbered) {
+    const fs::path save = output_target(*files.numbered);
+    for (const RunFile& file : files.outputs) {
+      const fs::path target = output_target(file.path);
+      if (!file.checkpoint && same_directory(target, save) && is_numbered_checkpoint(save, target.filename().string()))
+        throw InputError(file.flag + ": " + file.path.string() + ": named as one of --save's numbered checkpoints (--keep)");
+    }
+    for (const fs::path& numbered : numbered_checkpoints(save)) outputs.push_back({numbered, "--keep", true});
+  }
+  for (std::size_t i = files.outputs.size(); i < outputs.size(); ++i)
+    naming_flag(outputs[i], [&] { replaceable_target(outputs[i].path); });
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j)
+      if (const std::string problem = clash(outputs[i], outputs[j]); !problem.empty())
+        throw InputError(outputs[i].flag + ": " + problem);
+    for (const RunFile& input : files.inputs)
+      if (const std::string problem = clash(outputs[i], input); !problem.empty())
+        throw InputError(outputs[i].flag + ": " + problem + ", which it would replace");
+  }
+}
+
+std::optional<std::string> checkpoint_problem(const fs::path& path, const RunFiles& files) {
+  try {
+    check_output(path);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  const RunFile file{path, "", true};
+  for (const auto* group : {&files.outputs, &files.maybe_outputs, &files.inputs})
+    for (const RunFile& other : *group)
+      if (std::string problem = clash(file, other); !problem.empty()) return problem;
+  return std::nullopt;
+}
+
+void finish_stdout() {
+  if (std::cout.flush()) return;
+  // A pipe whose reader is gone polls as an error.
+  pollfd out{STDOUT_FILENO, POLLOUT, 0};
+  if (::poll(&out, 1, 0) == 1 && (out.revents & (POLLERR | POLLHUP)) != 0) {
+    std::cerr << "mnist_mt: standard output was closed before the end (its reader stopped reading)" << std::endl;
+    return;
+  }
+  throw RuntimeFailure("standard output: cannot write the results");
+}
+
+}  // namespace mnist_mt::cli

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""mnist_mt's and PyTorch's µs per training step on one GPU, side by side, as a Markdown table.
+
+Reads bench_step's Google Benchmark JSON (the rows step/cuda/ddp/devices:1/batch:B, the
+step replayed as a CUDA graph, and step/cuda_eager/..., enqueued call by call; counter
+us/step) and torch_speed.py's JSON list. One line per batch and precision: fp32 is TF32
+off; bench_step has no TF32 rows (it runs the backend's default, TF32 off), so in the TF32
+lines mnist_mt's cells and the ratios stay empty. ratio = PyTorch / mnist_mt (graph, as
+mnist_mt runs by default): above 1, mnist_mt is faster. A PyTorch row that did not run
+shows the first word of its status. A missing or unreadable input leaves its cells empty
+and says why.
+
+  torch_speed_table.py --bench-step bench_step.json --torch torch_speed.json
+"""
+import argparse
+import json
+import re
+import sys
+
+TORCH_MODES = ("eager", "graph", "compile", "compile-reduce-overhead")
+MNIST_ROW = re.compile(r"^step/(cuda|cuda_eager)/ddp/devices:1/batch:(\d+)(/|$)")
+EMPTY = "—"
+
+
+def load(path, what, notes):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        notes.append(f"no {what} figures: {path}: {e}")
+        return None
+
+
+def mnist_rows(report, notes):
+    """{(label, batch): us per step} from bench_step's rows that ran."""
+    out = {}
+    for b in (report or {}).get("benchmarks", []):
+        m = MNIST_ROW.match(b.get("run_name", b.get("name", "")))
+        if not m:
+            continue
+        if b.get("error_occurred"):
+            notes.append(f"mnist_mt {m.group(1)} batch {m.group(2)}: {b.get('error_message', 'error')}")
+        elif isinstance(b.get("us/step"), (int, float)):
+            out[(m.group(1), int(m.group(2)))] = float(b["us/step"])
+    return out
+
+
+def cell(value):
+    return EMPTY if value is None else f"{value:,.1f}"
+
+
+def ratio(num, den):
+    return f"{num / den:.2f}" if num is not None and den else EMPTY
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench-step", required=True)
+    ap.add_argument("--torch", required=True)
+    args = ap.parse_args()
+
+    notes = []
+    mnist = mnist_rows(load(args.bench_step, "mnist_mt", notes), notes)
+    torch_rows = load(args.torch, "PyTorch", notes) or []
+    by_key = {(r["mode"], r["batch"], bool(r["tf32"])): r for r in torch_rows}
+    batches = sorted({b for _, b in mnist} | {r["batch"] for r in torch_rows})
+    first = torch_rows[0] if torch_rows else {}
+    print(f"µs per training step on {first.get('gpu') or 'the GPU'}: mnist_mt (bench_step) and "
+          f"PyTorch {first.get('torch_version', '?')} (CUDA {first.get('cuda_version', '?')}); "
+          f"ratio = PyTorch / mnist_mt graph, above 1: mnist_mt faster")
+    modes = [m for m in TORCH_MODES if any(r["mode"] == m for r in torch_rows)]
+    print("| batch | precision | mnist_mt graph | mnist_mt eager | " +
+          " | ".join(f"torch {m} | ratio" for m in modes) + " |")
+    print("|---:|---|---:|---:|" + "---:|---:|" * len(modes))
+    compile_times = []
+    for batch in batches:
+        for tf32 in (False, True):
+            ours = None if tf32 else mnist.get(("cuda", batch))
+            ours_eager = None if tf32 else mnist.get(("cuda_eager", batch))
+            if ours is None and ours_eager is None and not any((m, batch, tf32) in by_key for m in modes):
+                continue
+            cells = [str(batch), "tf32" if tf32 else "fp32", cell(ours), cell(ours_eager)]
+            for mode in modes:
+                r = by_key.get((mode, batch, tf32))
+                us = r.get("us_per_step") if r and r.get("status") == "ok" else None
+                shown = cell(us) if us is not None else (r["status"].split(":")[0] if r else EMPTY)
+                cells += [shown, ratio(us, ours)]
+                if r and r.get("compile_s") is not None and mode != "eager":
+                    compile_times.append(f"{mode} {batch}/{cells[1]} {r['compile_s']:.1f} s")
+            print("| " + " | ".join(cells) + " |")
+    notes.append("mnist_mt: the trainer's whole step, its input copied from host memory by the loader; "
+                 "PyTorch: the input already on the GPU")
+    notes.append("mnist_mt has no TF32 row (bench_step runs TF32 off): the tf32 lines' mnist_mt cells and ratios are empty")
+    if compile_times:
+        notes.append("compile or capture, apart from the timing: " + ", ".join(compile_times))
+    for r in torch_rows:
+        if r.get("status", "").startswith("failed"):
+            notes.append(f"torch {r['mode']} batch {r['batch']} {'tf32' if r['tf32'] else 'fp32'}: {r['status']}")
+    for n in notes:
+        print(f"- {n}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
