@@ -183,7 +183,7 @@ class LocalGroup : public std::enable_shared_from_this<LocalGroup> {
   }
 
   void finish_locked(std::unique_lock<std::mutex>& lock, int rank, std::uint64_t number) {
-    cv_.wait(lock, [&] { return aborted_ || number < first_ || slot(number).ready; });
+    cv_.wait(lock, [&] { return aborted_ || slot(number).ready; });
     throw_if_aborted(rank);
     pick_up(number, rank);
   }
