@@ -16,8 +16,8 @@ build() {  # build NAME SOURCES... [FLAGS...]
   shift
   "${cxx[@]}" "$@" -o "$out/$name" -lz
 }
-build idx_raw fuzz/fuzz_idx.cpp src/data/idx.cpp
-build idx_gzip fuzz/fuzz_idx.cpp src/data/idx.cpp -DFUZZ_GZIP
+build idx_raw fuzz/fuzz_idx.cpp src/data/idx.cpp src/data/gunzip.cpp
+build idx_gzip fuzz/fuzz_idx.cpp src/data/idx.cpp src/data/gunzip.cpp -DFUZZ_GZIP
 build checkpoint fuzz/fuzz_checkpoint.cpp src/model/checkpoint.cpp src/data/file_io.cpp
 
 targets=("$@")
