@@ -86,7 +86,7 @@ void bench_step(benchmark::State& state, Backend& backend, Mode mode, int world,
   std::iota(config.devices.begin(), config.devices.end(), 0);
   config.epochs = 2;
   config.batch = batch;
-  config.sgd = {0.01f, 0.9f, 0.0f};
+  config.optimizer = {0.01f, 0.9f, 0.0f};
   config.max_steps = steps;
   config.evaluate = false;
 
@@ -166,7 +166,7 @@ const LayerProfile& layer_profile(std::uint32_t batch) {
     replica->set_input(input);
     replica->forward(true, {1, static_cast<std::uint32_t>(k)}, batch);
     replica->backward([](int) {});
-    replica->sgd_step({0.01f, 0.9f, 0.0f});
+    replica->update(OptimizerOptions{0.01, 0.9, 0.0});
   };
   for (int k = 0; k < 5; ++k) step(k);
   device.synchronize();

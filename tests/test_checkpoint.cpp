@@ -34,15 +34,24 @@ namespace {
 namespace fs = std::filesystem;
 using testing::Fixture;
 
-Checkpoint sample_checkpoint(bool with_momentum) {
+constexpr OptimizerKind kOptimizers[] = {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW,
+                                         OptimizerKind::kAdadelta};
+
+// With the optimizer's state buffers, or of parameters only.
+Checkpoint sample_checkpoint(bool with_state, OptimizerKind optimizer = OptimizerKind::kSgd) {
   std::mt19937 rng(3);
   std::normal_distribution<float> dist;
   Checkpoint c;
   c.params.resize(kParamCount);
   for (float& v : c.params) v = dist(rng);
-  if (with_momentum) {
-    c.momentum.resize(kParamCount);
-    for (float& v : c.momentum) v = dist(rng);
+  c.optimizer = optimizer;
+  if (with_state) {
+    for (int b = 0; b < state_buffers(optimizer); ++b) {
+      std::vector<float>& buffer = b == 0 ? c.state.first : c.state.second;
+      buffer.resize(kParamCount);
+      for (float& v : buffer) v = dist(rng);
+    }
+    c.state.applied = 6543210900ull;
   }
   c.epoch = 7;
   c.step = 6543210987ull;
@@ -115,14 +124,19 @@ class CheckpointTest : public ::testing::Test {
   std::string valid_;
 };
 
-TEST_F(CheckpointTest, RoundTripsParametersMomentumAndLoopState) {
-  for (bool with_momentum : {true, false}) {
-    const Checkpoint saved = sample_checkpoint(with_momentum);
+TEST_F(CheckpointTest, RoundTripsParametersOptimizerStateAndLoopState) {
+  for (const OptimizerKind optimizer : kOptimizers)
+  for (bool with_state : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << optimizer_name(optimizer) << (with_state ? " with state" : " without state"));
+    const Checkpoint saved = sample_checkpoint(with_state, optimizer);
     const fs::path path = dir_ / "model.safetensors";
     save_checkpoint(path, saved);
     const Checkpoint loaded = load_checkpoint(path);
     EXPECT_EQ(loaded.params, saved.params);
-    EXPECT_EQ(loaded.momentum, saved.momentum);
+    EXPECT_EQ(loaded.optimizer, saved.optimizer);
+    EXPECT_EQ(loaded.state.first, saved.state.first);
+    EXPECT_EQ(loaded.state.second, saved.state.second);
+    EXPECT_EQ(loaded.state.applied, saved.state.applied);
     EXPECT_EQ(loaded.epoch, saved.epoch);
     EXPECT_EQ(loaded.step, saved.step);
     EXPECT_EQ(loaded.epoch_step, saved.epoch_step);
@@ -135,29 +149,41 @@ TEST_F(CheckpointTest, RoundTripsParametersMomentumAndLoopState) {
 }
 
 // What PyTorch's load_state_dict needs: the state-dict names, F32, PyTorch's shapes, and the
-// values of each parameter in its own byte range. Read with the tests' own reader.
+// values of each parameter in its own byte range; the optimizer's state under the names
+// of torch.optim's state. Read with the tests' own reader.
 TEST_F(CheckpointTest, WritesPyTorchNamesShapesAndValues) {
-  const Checkpoint saved = sample_checkpoint(true);
-  const fs::path path = dir_ / "model.safetensors";
-  save_checkpoint(path, saved);
-  const Fixture file(path);
-  for (const ParamInfo& p : kParams) {
-    for (const std::string prefix : {"", "momentum."}) {
-      const auto& t = file.tensor(prefix + std::string(p.name));
-      EXPECT_EQ(t.dtype, "F32");
-      EXPECT_EQ(t.shape, std::vector<std::int64_t>(p.shape.begin(), p.shape.begin() + p.dims)) << p.name;
-      const auto values = t.as<float>();
-      const auto& source = prefix.empty() ? saved.params : saved.momentum;
-      EXPECT_TRUE(std::equal(values.begin(), values.end(), source.begin() + static_cast<std::ptrdiff_t>(p.offset)))
-          << prefix << p.name;
+  const std::vector<std::pair<OptimizerKind, std::vector<std::string>>> cases{
+      {OptimizerKind::kSgd, {"momentum_buffer."}},
+      {OptimizerKind::kAdam, {"exp_avg.", "exp_avg_sq."}},
+      {OptimizerKind::kAdamW, {"exp_avg.", "exp_avg_sq."}},
+      {OptimizerKind::kAdadelta, {"square_avg.", "acc_delta."}}};
+  for (const auto& [optimizer, prefixes] : cases) {
+    const Checkpoint saved = sample_checkpoint(true, optimizer);
+    const fs::path path = dir_ / "model.safetensors";
+    save_checkpoint(path, saved);
+    const Fixture file(path);
+    EXPECT_EQ(file.meta("optimizer"), optimizer_name(optimizer));
+    EXPECT_EQ(file.meta("optimizer_step"), "6543210900");
+    for (const ParamInfo& p : kParams) {
+      for (std::size_t b = 0; b <= prefixes.size(); ++b) {
+        const std::string prefix = b == 0 ? "" : prefixes[b - 1];
+        const auto& t = file.tensor(prefix + std::string(p.name));
+        EXPECT_EQ(t.dtype, "F32");
+        EXPECT_EQ(t.shape, std::vector<std::int64_t>(p.shape.begin(), p.shape.begin() + p.dims)) << p.name;
+        const auto values = t.as<float>();
+        const auto& source = b == 0 ? saved.params : b == 1 ? saved.state.first : saved.state.second;
+        EXPECT_TRUE(std::equal(values.begin(), values.end(), source.begin() + static_cast<std::ptrdiff_t>(p.offset)))
+            << prefix << p.name;
+      }
     }
   }
+  const Fixture file(dir_ / "model.safetensors");
   EXPECT_EQ(file.meta("epoch"), "7");
   EXPECT_EQ(file.meta("step"), "6543210987");
   EXPECT_EQ(file.meta("seed"), std::to_string(0xfedcba9876543210ull));
   // safetensors readers map the data section; it starts 8-byte aligned.
   std::uint64_t n = 0;
-  std::memcpy(&n, read_bytes(path).data(), 8);
+  std::memcpy(&n, read_bytes(dir_ / "model.safetensors").data(), 8);
   EXPECT_EQ(n % 8, 0u);
 }
 
@@ -168,7 +194,7 @@ TEST_F(CheckpointTest, OverwritesAnExistingCheckpoint) {
   second.epoch = 8;
   save_checkpoint(path, second);
   EXPECT_EQ(load_checkpoint(path).epoch, 8u);
-  EXPECT_TRUE(load_checkpoint(path).momentum.empty());
+  EXPECT_TRUE(load_checkpoint(path).state.first.empty());
   EXPECT_EQ(entries(), std::vector<fs::path>{"model.safetensors"});
 }
 
@@ -355,7 +381,14 @@ TEST_F(CheckpointTest, RejectsMismatchedTensors) {
       {[](Json& h, std::string&) { h["conv1.weight"]["shape"] = {32, 1, 9}; }, "shape [32,1,9]"},
       {[](Json& h, std::string&) { h["conv1.bias"]["shape"] = {32.0}; }, "shape"},
       {[](Json& h, std::string&) { h.erase("fc2.bias"); }, "missing tensor 'fc2.bias'"},
-      {[](Json& h, std::string&) { h.erase("momentum.conv2.bias"); }, "missing tensor 'momentum.conv2.bias'"},
+      {[](Json& h, std::string&) { h.erase("momentum_buffer.conv2.bias"); },
+       "missing tensor 'momentum_buffer.conv2.bias'"},
+      {[](Json& h, std::string&) { h["momentum.fc2.bias"] = h["momentum_buffer.fc2.bias"]; },
+       "unexpected tensor 'momentum.fc2.bias'"},
+      {[](Json& h, std::string&) { h["__metadata__"]["optimizer"] = "adam"; }, "unexpected tensor 'momentum_buffer."},
+      {[](Json& h, std::string&) { h["__metadata__"]["optimizer"] = "rmsprop"; },
+       "metadata 'optimizer' is \"rmsprop\", not sgd, adam, adamw or adadelta"},
+      {[](Json& h, std::string&) { h["__metadata__"].erase("optimizer_step"); }, "metadata has no 'optimizer_step'"},
       {[](Json& h, std::string&) { h["fc3.weight"] = h["fc2.bias"]; }, "unexpected tensor 'fc3.weight'"},
       {[](Json& h, std::string&) { h["fc2.bias"]["data_offsets"] = {0, 40}; }, "overlap"},
       {[](Json& h, std::string&) { h["fc2.bias"]["data_offsets"] = {-8, 32}; }, "no valid data_offsets"},
@@ -363,7 +396,7 @@ TEST_F(CheckpointTest, RejectsMismatchedTensors) {
       {[](Json& h, std::string&) { h["fc2.bias"]["data_offsets"] = {0, 41}; }, "41 bytes, expected 40"},
       {[](Json&, std::string& d) { d += std::string(8, '\0'); }, "the tensors cover"},
       {[](Json& h, std::string&) { h.erase("__metadata__"); }, "no __metadata__"},
-      {[](Json& h, std::string&) { h["__metadata__"]["format_version"] = "2"; }, "unsupported format_version"},
+      {[](Json& h, std::string&) { h["__metadata__"]["format_version"] = "3"; }, "unsupported format_version"},
       {[](Json& h, std::string&) { h["__metadata__"]["epoch"] = "-1"; }, "'epoch' is not an unsigned integer"},
       {[](Json& h, std::string&) { h["__metadata__"]["step"] = "12x"; }, "'step' is not an unsigned integer"},
       {[](Json& h, std::string&) { h["__metadata__"]["seed"] = "99999999999999999999"; }, "'seed' is not"},
@@ -377,12 +410,35 @@ TEST_F(CheckpointTest, RejectsMismatchedTensors) {
       {[](Json&, std::string& d) { put_float(d, 5, std::numeric_limits<float>::quiet_NaN()); },
        "tensor 'conv1.weight' holds a non-finite value at element 5"},
       {[](Json& h, std::string& d) {
-         put_float(d, h["momentum.fc2.bias"]["data_offsets"][0].get<std::size_t>() / 4 + 9,
+         put_float(d, h["momentum_buffer.fc2.bias"]["data_offsets"][0].get<std::size_t>() / 4 + 9,
                    -std::numeric_limits<float>::infinity());
        },
-       "tensor 'momentum.fc2.bias' holds a non-finite value at element 9"},
+       "tensor 'momentum_buffer.fc2.bias' holds a non-finite value at element 9"},
   };
   for (const auto& [edit, problem] : cases) expect_rejected(edited(edit), problem);
+}
+
+// Files of format version 1 held SGD's buffer as "momentum.<name>", no optimizer and no
+// count of updates: read as SGD's state, started once a step was taken.
+TEST_F(CheckpointTest, ReadsVersion1FilesAsSgdState) {
+  const Checkpoint saved = sample_checkpoint(true);
+  const fs::path path = edited([](nlohmann::ordered_json& h, std::string&) {
+    nlohmann::ordered_json old = nlohmann::ordered_json::object();
+    for (auto& [key, value] : h.items()) {
+      const std::string name = key.starts_with("momentum_buffer.") ? "momentum." + key.substr(16) : key;
+      old[name] = value;
+    }
+    old["__metadata__"]["format_version"] = "1";
+    old["__metadata__"].erase("optimizer");
+    old["__metadata__"].erase("optimizer_step");
+    h = old;
+  });
+  const Checkpoint loaded = load_checkpoint(path);
+  EXPECT_EQ(loaded.optimizer, OptimizerKind::kSgd);
+  EXPECT_EQ(loaded.state.first, saved.state.first);
+  EXPECT_TRUE(loaded.state.second.empty());
+  EXPECT_EQ(loaded.state.applied, saved.step);
+  EXPECT_EQ(loaded.params, saved.params);
 }
 
 // tests/golden/torch_init.safetensors: PyTorch's initial weights, written by gen_golden.py.
@@ -394,7 +450,7 @@ TEST_F(CheckpointTest, LoadsTheFileWrittenByPyTorch) {
   EXPECT_EQ(c.world, 0u);  // no layout recorded
   EXPECT_FALSE(c.shard_order);
   EXPECT_EQ(c.seed, std::stoull(golden.meta("torch_seed")));
-  EXPECT_TRUE(c.momentum.empty());
+  EXPECT_TRUE(c.state.first.empty());
   const std::size_t stride = std::stoul(golden.meta("sample_stride"));
   for (const ParamInfo& p : kParams) {
     const auto want = golden.get<float>("torch_init." + std::string(p.name));
@@ -433,10 +489,10 @@ TEST_F(CheckpointTest, RejectsAKeyTwiceInAnObject) {
   std::string twice_epoch = text;
   twice_epoch.insert(metadata.size(), "\"epoch\":\"99\",");
   expect_rejected(with_header(valid, twice_epoch), "header has the key 'epoch' twice in one object");
-  // The first copy points at the bytes of momentum.fc2.bias, of the same size.
+  // The first copy points at the bytes of momentum_buffer.fc2.bias, of the same size.
   const nlohmann::ordered_json json = nlohmann::ordered_json::parse(text);
   nlohmann::ordered_json first = json["fc2.bias"];
-  first["data_offsets"] = json["momentum.fc2.bias"]["data_offsets"];
+  first["data_offsets"] = json["momentum_buffer.fc2.bias"]["data_offsets"];
   std::string twice_tensor = text;
   twice_tensor.insert(1, "\"fc2.bias\":" + first.dump() + ",");
   expect_rejected(with_header(valid, twice_tensor), "header has the key 'fc2.bias' twice in one object");

@@ -75,6 +75,23 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
       {{"--trace", scratch_dir().string()}, "--trace"},
       {{"--trace", (scratch_dir() / "trace.json").string(), "--mode", "dp"}, "--trace"},
       {{"--trace-steps", "0"}, "--trace-steps"},
+      {{"--optimizer", "rmsprop"}, "--optimizer"},
+      {{"--betas", "0.9"}, "--betas"},
+      {{"--betas", "0.9,1"}, "--betas"},
+      {{"--eps", "-1"}, "--eps"},
+      {{"--rho", "2"}, "--rho"},
+      {{"--nesterov", "--cpu", "1"}, "--nesterov"},
+      {{"--optimizer", "adam", "--momentum", "0.9", "--cpu", "1"}, "--momentum"},
+      {{"--lr-schedule", "linear"}, "--lr-schedule"},
+      {{"--lr-schedule", "onecycle", "--warmup", "5", "--cpu", "1"}, "--warmup"},
+      {{"--lr-step", "0"}, "--lr-step"},
+      {{"--gamma", "0"}, "--gamma"},
+      {{"--warmup", "-1"}, "--warmup"},
+      {{"--recipe", "slow"}, "--recipe"},
+      {{"--recipe", "pytorch-example", "--cpu", "3"}, "--recipe"},
+      {{"--target-accuracy", "0"}, "--target-accuracy"},
+      {{"--target-accuracy", "101"}, "--target-accuracy"},
+      {{"--eval-every", "5"}, "--eval-every"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = c.args;
@@ -87,6 +104,32 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
     EXPECT_EQ(o.err.rfind("mnist_mt: error: ", 0), 0u);
     EXPECT_NE(o.err.find(c.flag), std::string::npos);
     EXPECT_EQ(o.out.find("epoch 1"), std::string::npos) << "trained before refusing";
+  }
+}
+
+// A recipe sets the optimizer, the schedule, the epochs and the batch (a global one split
+// over the ranks); a flag given overrides its value; another optimizer than the recipe's
+// takes torch.optim's defaults. The start line says what runs.
+TEST(Cli, ARecipeSetsTheRunAndFlagsOverrideIt) {
+  const std::string data = small_data().string();
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"--recipe", "pytorch-example"}, "batch 32 per device, adadelta lr 1, step schedule (x0.7 every 1 epoch)"},
+      {{"--recipe", "pytorch-example", "--lr", "0.5", "--batch-size", "8"}, "batch 8 per device, adadelta lr 0.5, step"},
+      {{"--recipe", "pytorch-example", "--optimizer", "adam"}, "batch 32 per device, adam lr 0.001, step"},
+      {{"--recipe", "template"}, "batch 4 per device, sgd lr 0.001, constant"},
+      {{"--optimizer", "adamw", "--lr-schedule", "cosine", "--warmup", "3"}, "batch 64 per device, adamw lr 0.001 weight decay 0.01, cosine schedule, 3 warm-up steps"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = c.args;
+    args.insert(args.end(), {"--data", data, "--cpu", "2", "--epochs", "1", "--max-steps", "2"});
+    const Outcome o = run_cli(args, 120s);
+    SCOPED_TRACE(c.args[1] + ": " + o.out + o.err);
+    EXPECT_EQ(o.exit_code, 0);
+    EXPECT_NE(o.out.find(c.says), std::string::npos);
   }
 }
 

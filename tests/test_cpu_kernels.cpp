@@ -448,15 +448,16 @@ TEST_P(KernelTest, SgdIsPyTorchsRule) {
   const std::vector<float> p0 = uniform(kCount, -1, 1, 1), g = uniform(kCount, -1, 1, 2), m0 = uniform(kCount, -1, 1, 3);
   for (const float momentum : {0.9f, 0.0f})
     for (bool first : {true, false}) {
-      const SgdOptions sgd{0.05f, momentum, 0.01f};
+      const OptimizerOptions sgd{0.05f, momentum, 0.01f};
       std::vector<float> p = p0, m = m0;
-      element_kernels(isa()).sgd_update(p.data(), g.data(), m.data(), kCount, sgd, first);
+      const UpdateScalars scalars = update_scalars(sgd, base_values(sgd), first ? 0 : 1);
+      element_kernels(isa()).optimizer_update(p.data(), g.data(), m.data(), nullptr, kCount, scalars);
       for (std::size_t i = 0; i < kCount; ++i) {
-        const double grad = double{g[i]} + double{sgd.weight_decay} * p0[i];
-        const double buf = (first ? 0.0 : double{sgd.momentum} * m0[i]) + grad;
+        const double grad = double{g[i]} + double{float(sgd.weight_decay)} * p0[i];
+        const double buf = (first ? 0.0 : double{float(sgd.momentum)} * m0[i]) + grad;
         // Momentum 0 keeps no buffer, as PyTorch's SGD: it is left as it was.
         ASSERT_NEAR(m[i], momentum == 0.0f ? m0[i] : buf, momentum == 0.0f ? 0.0 : 1e-6) << i;
-        ASSERT_NEAR(p[i], p0[i] - double{sgd.lr} * buf, 1e-6) << i;
+        ASSERT_NEAR(p[i], p0[i] - double{float(sgd.lr)} * buf, 1e-6) << i;
       }
     }
 }

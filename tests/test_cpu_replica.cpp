@@ -22,6 +22,8 @@
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "model/replica_testing.hpp"
+#include "mnist_mt/schedule.hpp"
+#include "optimizer_cases.hpp"
 
 namespace mnist_mt::cpu {
 namespace {
@@ -113,21 +115,68 @@ TEST_F(ReplicaTest, MatchesPyTorchGolden) {
   for (float v : grads) squares += double{v} * v;
   EXPECT_NEAR(replica->grad_norm(), std::sqrt(squares), 1e-12 * std::sqrt(squares));
 
-  const SgdOptions sgd{0.01f, 0.9f, 1e-4f};
-  replica->sgd_step(sgd);
+  const OptimizerOptions sgd{0.01f, 0.9f, 1e-4f};
+  replica->update(sgd);
   for (int step = 1; step < 3; ++step) {
     replica->set_input(batch);
     replica->forward(false, key, 8);
     replica->backward([](int) {});
-    replica->sgd_step(sgd);
+    replica->update(sgd);
   }
-  std::vector<float> params(kParamCount), momentum(kParamCount);
+  std::vector<float> params(kParamCount);
   replica->read_params(params);
-  replica->read_momentum(momentum);
+  const OptimizerState state = replica->read_state();
+  EXPECT_EQ(state.applied, 3u);
+  const std::vector<float>& momentum = state.first;
   for (const ParamInfo& p : kParams) {
     expect_close(fixture_view(params, p), g.get<float>("step3." + std::string(p.name)), "step3." + std::string(p.name));
     expect_close(fixture_view(momentum, p), g.get<float>("momentum3." + std::string(p.name)),
                  "momentum3." + std::string(p.name));
+  }
+}
+
+// Twenty updates of each optimizer (and AdamW under OneCycleLR, its rate and beta1 set
+// per update) from PyTorch's initial weights on the golden batch, dropout off, within
+// 1e-5 (relative, normwise, per tensor; Adam 2e-5) of torch.optim's in float64
+// (tests/golden/gen_optimizers.py).
+TEST_F(ReplicaTest, OptimizersTrainAsTorchOptim) {
+  const Fixture& g = golden();
+  const Fixture& f = testing::optimizer_fixture();
+  const auto cases = nlohmann::json::parse(f.meta("net_cases"));
+  const std::uint64_t steps = std::stoul(f.meta("net_steps"));
+  const Batch batch = make_batch(g.get<std::uint8_t>("images"), g.get<std::uint8_t>("labels"), {0, 1, 2, 3, 4, 5, 6, 7});
+  const std::vector<float> init = load_checkpoint(golden_dir() / "torch_init.safetensors").params;
+  for (const auto& [name, spec] : cases.items()) {
+    SCOPED_TRACE(name);
+    const OptimizerOptions o = testing::fixture_case(spec[0].get<std::string>());
+    // Adam divides each gradient by its own running size: float32's rounding of the
+    // near-zero gradients becomes steps of lr, 1.4e-5 of fc1's weights after 20 updates.
+    const bool adam = o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdamW;
+    ScheduleOptions s;
+    if (spec[1] == "onecycle") s.kind = ScheduleKind::kOneCycle;
+    const Schedule schedule(s, o, steps, 1);
+    auto replica = make_cpu_replica(device_, 8);
+    replica->write_params(init);
+    for (std::uint64_t step = 0; step < steps; ++step) {
+      replica->set_input(batch);
+      replica->forward(false, {1, 0}, 8);
+      replica->backward([](int) {});
+      replica->update(with_values(o, schedule.at(step)));
+    }
+    std::vector<float> params(kParamCount);
+    replica->read_params(params);
+    EXPECT_NE(params, init);
+    for (const ParamInfo& p : kParams) {
+      const std::vector<float> ours = fixture_view(params, p);
+      const std::vector<float> want = f.get<float>("net." + name + "." + std::string(p.name));
+      ASSERT_EQ(ours.size(), want.size());
+      double diff = 0, norm = 0;
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        diff += (double{ours[i]} - want[i]) * (double{ours[i]} - want[i]);
+        norm += double{want[i]} * want[i];
+      }
+      EXPECT_LE(std::sqrt(diff / norm), adam ? 2e-5 : 1e-5) << name << "." << p.name;
+    }
   }
 }
 
@@ -404,7 +453,7 @@ TEST_F(ReplicaTest, StepCallsReturnWithoutWaitingForTheDevice) {
   replica->set_input(random_batch(2, 4));
   replica->forward(true, {3, 1}, 2);
   replica->backward([&](int layer) { order.push_back(layer); });
-  replica->sgd_step({0.01f, 0.9f, 0.0f});
+  replica->update({0.01f, 0.9f, 0.0f});
   const bool returned_while_held = !released_flag.exchange(true);
   if (returned_while_held) release.set_value();
   device_.synchronize();
@@ -544,7 +593,7 @@ TEST_F(ReplicaTest, StatsSumOverForwards) {
 TEST_F(ReplicaTest, AGuardedUpdateIsDroppedOnTheDeviceWhenNonFinite) {
   constexpr std::uint64_t kFirst = 40;
   const auto params = initial_params(12);
-  const SgdOptions sgd{0.01f, 0.9f, 0.0f};
+  const OptimizerOptions sgd{0.01f, 0.9f, 0.0f};
   const DropoutKey key{4, 0};
   auto replica = [&] {
     auto r = make_cpu_replica(device_, 3);
@@ -568,9 +617,9 @@ TEST_F(ReplicaTest, AGuardedUpdateIsDroppedOnTheDeviceWhenNonFinite) {
   auto guarded = replica();
   for (std::uint32_t step = 0; step < 2; ++step) {
     train(*plain, step);
-    plain->sgd_step(sgd);
+    plain->update(sgd);
     train(*guarded, step);
-    guarded->guarded_sgd_step(sgd, {kFirst, true, nothing});
+    guarded->guarded_update(sgd, {kFirst, true, nothing});
   }
   EXPECT_EQ(read(*guarded), read(*plain));
   const StepStats applied = guarded->take_stats();
@@ -581,7 +630,7 @@ TEST_F(ReplicaTest, AGuardedUpdateIsDroppedOnTheDeviceWhenNonFinite) {
   // A NaN reduced norm (skip: no halt): dropped, then the next step applies.
   const auto before = read(*guarded);
   train(*guarded, 5);
-  guarded->guarded_sgd_step(sgd, {kFirst, false, nan});  // update 2
+  guarded->guarded_update(sgd, {kFirst, false, nan});  // update 2
   EXPECT_EQ(read(*guarded), before);
   const StepStats dropped = guarded->take_stats();
   EXPECT_EQ(dropped.samples, 0);
@@ -591,7 +640,7 @@ TEST_F(ReplicaTest, AGuardedUpdateIsDroppedOnTheDeviceWhenNonFinite) {
   EXPECT_TRUE(std::isnan(dropped.non_finite->grad_norm));
   EXPECT_TRUE(std::isfinite(dropped.non_finite->loss_sum));
   train(*guarded, 6);
-  guarded->guarded_sgd_step(sgd, {kFirst, true, nothing});
+  guarded->guarded_update(sgd, {kFirst, true, nothing});
   EXPECT_NE(read(*guarded), before);
   EXPECT_EQ(guarded->take_stats().skipped, 0u);
 
@@ -601,10 +650,10 @@ TEST_F(ReplicaTest, AGuardedUpdateIsDroppedOnTheDeviceWhenNonFinite) {
   poisoned.back() = std::nanf("");
   guarded->write_params(poisoned);
   train(*guarded, 9);
-  guarded->guarded_sgd_step(sgd, {kFirst, true, nothing});  // update 4
+  guarded->guarded_update(sgd, {kFirst, true, nothing});  // update 4
   guarded->write_params(good);
   train(*guarded, 10);
-  guarded->guarded_sgd_step(sgd, {kFirst, true, nothing});
+  guarded->guarded_update(sgd, {kFirst, true, nothing});
   EXPECT_EQ(read(*guarded), good) << "a halted replica applies nothing";
   const StepStats halted = guarded->take_stats();
   EXPECT_EQ(halted.skipped, 2u);
@@ -660,26 +709,29 @@ TEST_F(ReplicaTest, SgdContinuesWrittenMomentum) {
   auto replica = make_cpu_replica(device_, 2);
   const auto params = initial_params(8);
   replica->write_params(params);
-  std::vector<float> zeros(kParamCount), momentum(kParamCount), m0(kParamCount);
-  replica->read_momentum(momentum);
-  EXPECT_EQ(momentum, zeros);
+  std::vector<float> zeros(kParamCount), m0(kParamCount);
+  const OptimizerState fresh = replica->read_state();
+  EXPECT_EQ(fresh.first, zeros);
+  EXPECT_EQ(fresh.second, zeros);
+  EXPECT_EQ(fresh.applied, 0u);
   std::mt19937 rng(2);
   std::normal_distribution<float> dist(0, 0.01f);
   for (float& v : m0) v = dist(rng);
-  replica->write_momentum(m0);
+  replica->write_state({m0, {}, 5});
   replica->set_input(random_batch(2, 3));
   replica->forward(true, {}, 2);
   replica->backward([](int) {});
-  const SgdOptions sgd{0.05f, 0.8f, 0.01f};
-  replica->sgd_step(sgd);
+  const OptimizerOptions sgd{0.05f, 0.8f, 0.01f};
+  replica->update(sgd);
   std::vector<float> g(kParamCount), p(kParamCount);
   ReplicaTesting::read_grads(*replica, g);
   replica->read_params(p);
-  replica->read_momentum(momentum);
+  const OptimizerState state = replica->read_state();
+  EXPECT_EQ(state.applied, 6u);
   for (std::size_t i = 0; i < kParamCount; i += 101) {
-    const float buf = sgd.momentum * m0[i] + (g[i] + sgd.weight_decay * params[i]);
-    ASSERT_NEAR(momentum[i], buf, 1e-6f * (std::abs(buf) + 1e-3f)) << i;
-    ASSERT_NEAR(p[i], params[i] - sgd.lr * buf, 1e-7f) << i;
+    const float buf = float(sgd.momentum) * m0[i] + (g[i] + float(sgd.weight_decay) * params[i]);
+    ASSERT_NEAR(state.first[i], buf, 1e-6f * (std::abs(buf) + 1e-3f)) << i;
+    ASSERT_NEAR(p[i], params[i] - float(sgd.lr) * buf, 1e-7f) << i;
   }
 }
 

@@ -218,22 +218,50 @@ TEST_F(CudaKernels, LogSoftmaxNll) {
   }
 }
 
-// Bitwise (sgd_at's explicit roundings), over more elements than one grid covers.
-TEST_F(CudaKernels, SgdUpdate) {
+// Bitwise (update_at's explicit roundings), over more elements than one grid covers, for
+// every optimizer; the scalars come from begin_update on the device, and a closed gate
+// leaves everything as it was.
+TEST_F(CudaKernels, OptimizerUpdate) {
   constexpr std::size_t kCount = (std::size_t{1} << 24) + 1001;
   const std::vector<float> p0 = uniform(kCount, -1, 1, 9), g = uniform(kCount, -0.1f, 0.1f, 10);
-  const std::vector<float> m0 = uniform(kCount, -0.1f, 0.1f, 11);
-  for (const bool first : {true, false})
-    for (const float decay : {0.0f, 5e-4f}) {
-      SCOPED_TRACE(testing::Message() << "first " << first << " weight decay " << decay);
-      const SgdArgs args{0.05f, 0.9f, decay, first};
-      const auto d_p = upload(p0, stream()), d_g = upload(g, stream()), d_m = upload(m0, stream());
-      sgd_update(d_p.data(), d_g.data(), d_m.data(), kCount, args, stream());
-      const auto p = download(d_p, kCount, stream()), m = download(d_m, kCount, stream());
-      std::vector<float> ref_p = p0, ref_m = m0;
+  const std::vector<float> m0 = uniform(kCount, -0.1f, 0.1f, 11), v0 = uniform(kCount, 0.0f, 0.01f, 12);
+  std::vector<OptimizerOptions> cases;
+  for (const float decay : {0.0f, 5e-4f}) cases.push_back({0.05f, 0.9f, decay});
+  cases.push_back({0.05f, 0.9f, 5e-4f, true});
+  for (const OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW, OptimizerKind::kAdadelta})
+    cases.push_back({1e-3, 0.0, 1e-2, false, kind});
+  for (const OptimizerOptions& options : cases)
+    for (const unsigned long long applied : {0ull, 7ull}) {
+      SCOPED_TRACE(testing::Message() << optimizer_name(options.kind) << " weight decay " << options.weight_decay
+                                      << " after " << applied << " updates");
+      const std::vector<float>& first = options.kind == OptimizerKind::kAdadelta ? v0 : m0;
+      const auto d_p = upload(p0, stream()), d_g = upload(g, stream()), d_m = upload(first, stream()),
+                 d_v = upload(v0, stream());
+      const UpdateValues values = base_values(options);
+      DeviceBuffer<double> d_values(2);
+      DeviceBuffer<unsigned long long> d_applied(1);
+      DeviceBuffer<UpdateScalars> d_scalars(1);
+      DeviceBuffer<int> d_gate(1);
+      write_update_values(d_values.data(), values.lr, values.momentum, stream());
+      CUDA_CHECK(cudaMemcpyAsync(d_applied.data(), &applied, sizeof applied, cudaMemcpyHostToDevice, stream()));
+      const int closed = 0;
+      CUDA_CHECK(cudaMemcpyAsync(d_gate.data(), &closed, sizeof closed, cudaMemcpyHostToDevice, stream()));
+      // A closed gate: nothing moves, the count stays.
+      begin_update(options, d_values.data(), d_applied.data(), d_gate.data(), d_scalars.data(), stream());
+      optimizer_update(d_p.data(), d_g.data(), d_m.data(), d_v.data(), kCount, d_scalars.data(), stream(),
+                       d_gate.data());
+      begin_update(options, d_values.data(), d_applied.data(), nullptr, d_scalars.data(), stream());
+      optimizer_update(d_p.data(), d_g.data(), d_m.data(), d_v.data(), kCount, d_scalars.data(), stream());
+      unsigned long long after = 0;
+      CUDA_CHECK(cudaMemcpyAsync(&after, d_applied.data(), sizeof after, cudaMemcpyDeviceToHost, stream()));
+      const auto p = download(d_p, kCount, stream()), m = download(d_m, kCount, stream()),
+                 v = download(d_v, kCount, stream());
+      EXPECT_EQ(after, applied + 1);
+      const UpdateScalars scalars = update_scalars(options, values, applied);
+      std::vector<float> ref_p = p0, ref_m = first, ref_v = v0;
       for (std::size_t i = 0; i < kCount; ++i) {
-        sgd_at(ref_p.data(), g.data(), ref_m.data(), i, args);
-        ASSERT_TRUE(same(p[i], ref_p[i]) && same(m[i], ref_m[i])) << "at " << i;
+        update_at(ref_p.data(), g.data(), ref_m.data(), ref_v.data(), i, scalars);
+        ASSERT_TRUE(same(p[i], ref_p[i]) && same(m[i], ref_m[i]) && same(v[i], ref_v[i])) << "at " << i;
       }
     }
 }

@@ -252,41 +252,52 @@ TEST_F(CudaReference, LogSoftmaxNllPassesNaN) {
 }
 
 // Bitwise against the CPU's portable variant: SSE2 has no fused multiply-add, so it rounds
-// every product and sum as sgd_at does. GCC builds the AVX2 and AVX-512 variants with its
-// C++ default -ffp-contract=fast and fuses them: each fused step is within an ulp of the
-// separate roundings, so those agree within 2^-22 of each step's operands.
-TEST_F(CudaReference, SgdMatchesTheCpu) {
+// every product and sum as update_at does. GCC builds the AVX2 and AVX-512 variants with
+// its C++ default -ffp-contract=fast and fuses them: each fused step is within an ulp of
+// the separate roundings, so those agree within 2^-22 of each step's operands (SGD), and
+// within 1e-5 of the step normwise for the others, whose divisions carry the difference on.
+TEST_F(CudaReference, OptimizerUpdatesMatchTheCpu) {
   constexpr std::size_t kCount = 4099;  // not a multiple of any vector width
+  const std::vector<float> p0 = uniform(kCount, -1, 1, 15), g = uniform(kCount, -0.1f, 0.1f, 16);
+  const std::vector<float> m0 = uniform(kCount, -0.1f, 0.1f, 17), v0 = uniform(kCount, 0.0f, 0.01f, 18);
+  std::vector<OptimizerOptions> cases;
   for (const float momentum : {0.9f, 0.0f})
-    for (const bool first : {true, false})
-      for (const float decay : {0.0f, 5e-4f}) {
-        SCOPED_TRACE(testing::Message() << "momentum " << momentum << " first " << first << " weight decay " << decay);
-        const SgdOptions options{0.05f, momentum, decay};
-        const std::vector<float> p0 = uniform(kCount, -1, 1, 15), g = uniform(kCount, -0.1f, 0.1f, 16);
-        const std::vector<float> m0 = uniform(kCount, -0.1f, 0.1f, 17);
-        std::vector<float> p = p0, m = m0, cpu_p = p0, cpu_m = m0, isa_p = p0, isa_m = m0;
-        cpu::element_kernels(cpu::Isa::kPortable).sgd_update(cpu_p.data(), g.data(), cpu_m.data(), kCount, options, first);
-        cpu::sgd_update(isa_p.data(), g.data(), isa_m.data(), kCount, options, first);
-        const cuda::SgdArgs args{0.05f, momentum, decay, first};
-        std::size_t moved = 0, fused_differs = 0;
-        for (std::size_t i = 0; i < kCount; ++i) {
-          cuda::sgd_at(p.data(), g.data(), m.data(), i, args);
-          ASSERT_TRUE(same(p[i], cpu_p[i])) << "param " << i << ": " << p[i] << " vs " << cpu_p[i];
-          ASSERT_TRUE(same(m[i], cpu_m[i])) << "momentum " << i;
-          if (momentum == 0.0f) {
-            ASSERT_TRUE(same(m[i], m0[i])) << "momentum 0 keeps no buffer: " << i;
-          }
-          const double step = std::abs(g[i]) + decay * std::abs(p0[i]) + (first ? 0 : momentum * std::abs(m0[i]));
-          ASSERT_NEAR(isa_m[i], m[i], 0x1p-22 * step) << "momentum " << i;
-          ASSERT_NEAR(isa_p[i], p[i], 0x1p-22 * (std::abs(p0[i]) + 0.05 * step)) << "param " << i;
-          moved += p[i] != p0[i];
-          // The step's buffer: the momentum buffer, or with momentum 0 the decayed gradient.
-          const float buf = momentum == 0.0f ? cuda::add_rn(g[i], cuda::mul_rn(decay, p0[i])) : m[i];
-          fused_differs += std::fma(-0.05f, buf, p0[i]) != p[i];
+    for (const float decay : {0.0f, 5e-4f}) cases.push_back({0.05f, momentum, decay});
+  cases.push_back({0.05f, 0.9f, 5e-4f, true});
+  for (const OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW, OptimizerKind::kAdadelta})
+    for (const float decay : {0.0f, 1e-2f}) cases.push_back({1e-3, 0.0, decay, false, kind});
+  for (const OptimizerOptions& options : cases)
+    for (const std::uint64_t applied : {0, 7}) {
+      SCOPED_TRACE(testing::Message() << optimizer_name(options.kind) << " momentum " << options.momentum
+                                      << " nesterov " << options.nesterov << " weight decay " << options.weight_decay
+                                      << " after " << applied << " updates");
+      const UpdateScalars scalars = update_scalars(options, base_values(options), applied);
+      // Adadelta's first buffer is a mean of squares too.
+      const std::vector<float>& first = options.kind == OptimizerKind::kAdadelta ? v0 : m0;
+      std::vector<float> p = p0, m = first, v = v0, cpu_p = p0, cpu_m = first, cpu_v = v0, isa_p = p0, isa_m = first,
+                         isa_v = v0;
+      cpu::element_kernels(cpu::Isa::kPortable)
+          .optimizer_update(cpu_p.data(), g.data(), cpu_m.data(), cpu_v.data(), kCount, scalars);
+      cpu::optimizer_update(isa_p.data(), g.data(), isa_m.data(), isa_v.data(), kCount, scalars);
+      std::size_t moved = 0;
+      double diff = 0, norm = 0;
+      for (std::size_t i = 0; i < kCount; ++i) {
+        cuda::update_at(p.data(), g.data(), m.data(), v.data(), i, scalars);
+        ASSERT_TRUE(same(p[i], cpu_p[i])) << "param " << i << ": " << p[i] << " vs " << cpu_p[i];
+        ASSERT_TRUE(same(m[i], cpu_m[i])) << "first buffer " << i;
+        ASSERT_TRUE(same(v[i], cpu_v[i])) << "second buffer " << i;
+        if (options.kind == OptimizerKind::kSgd && options.momentum == 0.0) {
+          ASSERT_TRUE(same(m[i], first[i])) << "momentum 0 keeps no buffer: " << i;
         }
-        EXPECT_GT(moved, kCount / 2);
-        EXPECT_GT(fused_differs, 0u);  // so a fused multiply-add on either side would show
+        moved += p[i] != p0[i];
+        diff += (double{isa_p[i]} - p[i]) * (double{isa_p[i]} - p[i]);
+        norm += (double{p[i]} - p0[i]) * (double{p[i]} - p0[i]);
       }
+      EXPECT_GT(moved, kCount / 2);
+      // The vector variant's update within 1e-6 (SGD) or 1e-5 of the portable one's,
+      // relative to the step.
+      EXPECT_LE(std::sqrt(diff / norm), options.kind == OptimizerKind::kSgd ? 1e-6 : 1e-5);
+    }
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ namespace {
 
 constexpr double kTolerance = 1e-4;
 constexpr int kSteps = 3;
-constexpr SgdOptions kSgd{0.05f, 0.9f, 5e-4f};
+constexpr OptimizerOptions kSgd{0.05f, 0.9f, 5e-4f};
 constexpr DropoutKey kKey{7, 2};
 // Decisions closer than this to a tie (relative to their layer's largest value) could go
 // different ways on the two backends.
@@ -88,8 +88,7 @@ Trace train_steps(Backend& backend, std::uint32_t max_batch, const Batch& batch,
   replica->write_params(params);
 
   Trace t;
-  t.momentum_before.resize(kParamCount);
-  replica->read_momentum(t.momentum_before);
+  t.momentum_before = replica->read_state().first;
   for (int step = 0; step < kSteps; ++step) {
     t.params_before.emplace_back(kParamCount);
     replica->read_params(t.params_before.back());
@@ -106,12 +105,11 @@ Trace train_steps(Backend& backend, std::uint32_t max_batch, const Batch& batch,
       t.grad_norm = replica->grad_norm();
       t.stats = replica->take_stats();
     }
-    replica->sgd_step(kSgd);
+    replica->update(kSgd);
   }
   t.params_after.resize(kParamCount);
   replica->read_params(t.params_after);
-  t.momentum_after.resize(kParamCount);
-  replica->read_momentum(t.momentum_after);
+  t.momentum_after = replica->read_state().first;
   device.synchronize();
   return t;
 }
@@ -353,7 +351,7 @@ TEST(CudaReplica, TakeStatsCountsAndResets) {
   EXPECT_EQ(empty.loss_sum, 0);
 }
 
-// The device decides a guarded update: a finite step is sgd_step's bit for bit; a NaN
+// The device decides a guarded update: a finite step is update()'s bit for bit; a NaN
 // parameter (NaN loss and gradients) drops it, halts the replica and is reported with its
 // step (the guard's first step plus the updates before it, counted on the device) in the
 // next snapshot, which is read without waiting once made.
@@ -367,7 +365,7 @@ TEST(CudaReplica, AGuardedUpdateIsDecidedOnTheDevice) {
   const int ids[] = {0};
   auto devices = cuda->make_devices(ids);
   devices[0]->activate();
-  const SgdOptions sgd{0.01f, 0.9f, 0.0f};
+  const OptimizerOptions sgd{0.01f, 0.9f, 0.0f};
   const std::vector<float> params = initial_params(10);
   auto plain = cuda->make_replica(*devices[0], 8);
   auto guarded = cuda->make_replica(*devices[0], 8);
@@ -385,9 +383,9 @@ TEST(CudaReplica, AGuardedUpdateIsDecidedOnTheDevice) {
   guarded->write_params(params);
   for (std::uint32_t k = 0; k < 2; ++k) {
     step(*plain, k);
-    plain->sgd_step(sgd);
+    plain->update(sgd);
     step(*guarded, k);
-    guarded->guarded_sgd_step(sgd, {kFirst, true, {}});
+    guarded->guarded_update(sgd, {kFirst, true, {}});
   }
   EXPECT_EQ(read(*guarded), read(*plain));
   const std::uint64_t applied = guarded->snapshot_stats();
@@ -401,10 +399,10 @@ TEST(CudaReplica, AGuardedUpdateIsDecidedOnTheDevice) {
   poisoned.back() = std::nanf("");
   guarded->write_params(poisoned);
   step(*guarded, 3);
-  guarded->guarded_sgd_step(sgd, {kFirst, true, {}});  // update 2
+  guarded->guarded_update(sgd, {kFirst, true, {}});  // update 2
   guarded->write_params(good);
   step(*guarded, 4);
-  guarded->guarded_sgd_step(sgd, {kFirst, true, {}});
+  guarded->guarded_update(sgd, {kFirst, true, {}});
   EXPECT_EQ(read(*guarded), good) << "a halted replica applies nothing";
   const StepStats h = *guarded->read_stats(guarded->snapshot_stats(), true);
   EXPECT_EQ(h.samples, 0);

@@ -43,7 +43,7 @@ class ResumeTest : public testing::Test {
   static TrainConfig two_epochs(Mode mode) {
     TrainConfig c = config_for(2, 8);
     c.mode = mode;
-    c.sgd.momentum = 0.9f;
+    c.optimizer.momentum = 0.9f;
     c.epochs = 2;
     return c;
   }
@@ -116,6 +116,61 @@ TEST_F(ResumeTest, ResumingFromAnyStepOfSaveEveryEqualsTheUninterruptedRunBitwis
   }
 }
 
+// Each optimizer, under a schedule, resumes mid-epoch to the uninterrupted weights bit
+// for bit: its state buffers, its count of updates (Adam's bias corrections, SGD's first
+// buffer) and the schedule's position at the checkpoint's step come back.
+TEST_F(ResumeTest, EveryOptimizerAndScheduleResumesBitwise) {
+  struct Case {
+    OptimizerOptions optimizer;
+    ScheduleKind schedule;
+    std::uint32_t warmup;
+  };
+  const Case cases[] = {
+      {{0.01, 0.9, 1e-4, true}, ScheduleKind::kStep, 3},
+      {{1e-3, 0.0, 0.0, false, OptimizerKind::kAdam}, ScheduleKind::kOneCycle, 0},
+      {{1e-3, 0.0, 1e-2, false, OptimizerKind::kAdamW}, ScheduleKind::kCosine, 5},
+      {{0.5, 0.0, 0.0, false, OptimizerKind::kAdadelta, 0.9, 0.999, 1e-6}, ScheduleKind::kStep, 0},
+  };
+  const std::vector<float> plain_sgd = run(two_epochs(Mode::kDdp)).params;
+  for (const Case& k : cases) {
+    SCOPED_TRACE(testing::Message() << optimizer_name(k.optimizer.kind) << " " << schedule_name(k.schedule));
+    TrainConfig c = two_epochs(Mode::kDdp);
+    c.optimizer = k.optimizer;
+    c.schedule.kind = k.schedule;
+    c.schedule.gamma = 0.5;
+    c.schedule.warmup = k.warmup;
+    c.save = dir_ / "model.safetensors";
+    c.save_every = 9;
+    c.keep = 100;
+    const TrainResult straight = run(c);
+    const Checkpoint mid = load_checkpoint(numbered_checkpoint(*c.save, 27));
+    EXPECT_EQ(mid.optimizer, k.optimizer.kind);
+    EXPECT_EQ(mid.state.applied, 27u);
+    EXPECT_EQ(mid.state.second.empty(), k.optimizer.kind == OptimizerKind::kSgd);
+    TrainConfig resume = c;
+    resume.save.reset();
+    resume.save_every = 0;
+    resume.keep = 1;
+    resume.load = numbered_checkpoint(*c.save, 27);
+    const TrainResult resumed = run(resume);
+    EXPECT_EQ(resumed.params, straight.params);
+    EXPECT_NE(straight.params, plain_sgd) << "the optimizer was not used";
+    // Another optimizer cannot continue this one's state.
+    resume.optimizer.kind = k.optimizer.kind == OptimizerKind::kAdam ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
+    resume.optimizer.momentum = 0;
+    resume.optimizer.nesterov = false;
+    try {
+      run(resume);
+      ADD_FAILURE() << "resumed with another optimizer";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.input(), "load");
+      EXPECT_NE(std::string(e.what()).find("resume it with the same optimizer"), std::string::npos) << e.what();
+    }
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+}
+
 TEST_F(ResumeTest, KeepHoldsTheLastNAndSaveNamesTheLatest) {
   TrainConfig c = two_epochs(Mode::kDdp);
   c.save = dir_ / "model.safetensors";
@@ -158,7 +213,7 @@ TEST_F(ResumeTest, AStopAtARandomTimeResumesToTheUninterruptedWeightsBitwise) {
 TEST_F(ResumeTest, FewerRanksResumeTheCheckpointsShardsBitwise) {
   const auto on = [](int ranks, std::uint32_t batch) {
     TrainConfig c = config_for(ranks, batch);
-    c.sgd.momentum = 0.9f;
+    c.optimizer.momentum = 0.9f;
     c.epochs = 2;
     return c;
   };
@@ -378,7 +433,7 @@ TEST_F(ResumeTest, ADivergedRunStopsAndKeepsTheLastGoodCheckpoint) {
   const std::string before((std::istreambuf_iterator<char>(before_file)), {});
   c.load = c.save;
   c.epochs = 3;
-  c.sgd.lr = 1e30f;
+  c.optimizer.lr = 1e30f;
   try {
     run(c);
     ADD_FAILURE() << "a diverged run went on";

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -18,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/evaluate.hpp"
 #include "mnist_mt/model.hpp"
@@ -63,7 +65,7 @@ TEST(Trainer, NRanksTimesBatchBEqualsOneRankTimesBatchNB) {
     // And training moved the parameters, so the comparison means something.
     const TrainResult none = [&] {
       TrainConfig c = config_for(1, kBatch);
-      c.sgd.lr = 0;
+      c.optimizer.lr = 0;
       return run(c);
     }();
     EXPECT_GT(relative_difference(one.params, none.params), 1e-3);
@@ -116,7 +118,7 @@ TEST(Trainer, EvaluationCountsEveryTestSampleOnce) {
   for (Mode mode : {Mode::kDdp, Mode::kDp}) {
     TrainConfig c = config_for(3, 8);
     c.mode = mode;
-    c.sgd.lr = 0;
+    c.optimizer.lr = 0;
     c.max_steps = 1;
     c.evaluate = true;
     const TrainResult three = run(c);
@@ -322,7 +324,7 @@ TEST(Trainer, ResumingFromACheckpointContinuesBitForBit) {
   const auto path =
       std::filesystem::temp_directory_path() / ("mnist_mt_resume_" + std::to_string(::getpid()) + ".safetensors");
   TrainConfig c = config_for(2, 8);
-  c.sgd.momentum = 0.9f;  // the checkpoint carries the momentum
+  c.optimizer.momentum = 0.9f;  // the checkpoint carries the momentum
   c.max_steps = 5;
   c.epochs = 2;
   const TrainResult straight = run(c);
@@ -365,11 +367,56 @@ TEST(Trainer, RanksSharingADeviceTrainWhatSeparateDevicesDo) {
     const std::vector<float> one = five_steps({0}, 64);
     TrainConfig still = config_for(1, 64);
     still.max_steps = 5;
-    still.sgd.lr = 0;
+    still.optimizer.lr = 0;
     ASSERT_GT(relative_difference(one, run(still).params), 1e-4);  // training moved the weights
     EXPECT_LE(relative_difference(five_steps({0, 0}, 32), one), 1e-6);
     EXPECT_LE(relative_difference(five_steps({0, 0, 0, 0}, 16), one), 1e-6);
   }
+}
+
+// --target-accuracy: the run stops at the first evaluation that reaches it (inside an
+// epoch, every eval_every steps), on every rank alike, saves where it stopped and reports
+// the time and the step; a target never reached trains every epoch and reports none.
+TEST(Trainer, ATargetAccuracyStopsTheRunWhereItIsReached) {
+  const auto path = std::filesystem::temp_directory_path() / ("mnist_mt_target_" + std::to_string(::getpid()));
+  for (Mode mode : {Mode::kDdp, Mode::kDp}) {
+    SCOPED_TRACE(mode == Mode::kDdp ? "ddp" : "dp");
+    TrainConfig c = config_for(2, 8);
+    c.mode = mode;
+    c.epochs = 3;
+    c.evaluate = true;
+    c.target_accuracy = 0.01;  // 2 of the 101 noise images: the first evaluation reaches it
+    c.eval_every = 7;
+    c.save = path;
+    std::ostringstream progress;
+    c.progress = &progress;
+    const TrainResult reached = run(c);
+    ASSERT_EQ(reached.epochs.size(), 1u);
+    const EpochMetrics& m = reached.epochs[0];
+    EXPECT_EQ(m.steps, 7u);
+    ASSERT_TRUE(m.time_to_target_s && m.target_eval_seconds && m.target_step);
+    EXPECT_EQ(*m.target_step, 7u);
+    EXPECT_GT(*m.target_eval_seconds, 0.0);
+    EXPECT_LT(*m.target_eval_seconds, *m.time_to_target_s);
+    EXPECT_GE(m.eval_seconds, *m.target_eval_seconds);
+    EXPECT_GE(m.test_accuracy, 0.01);
+    EXPECT_NE(progress.str().find("step 7: test accuracy"), std::string::npos) << progress.str();
+    EXPECT_NE(progress.str().find("target reached: test accuracy"), std::string::npos) << progress.str();
+    const Checkpoint saved = load_checkpoint(path);
+    EXPECT_EQ(saved.epoch, 0u);
+    EXPECT_EQ(saved.epoch_step, 7u);
+    EXPECT_EQ(saved.step, 7u);
+
+    c.target_accuracy = 1.0;
+    const TrainResult missed = run(c);
+    ASSERT_EQ(missed.epochs.size(), 3u);
+    for (const EpochMetrics& e : missed.epochs) {
+      EXPECT_FALSE(e.time_to_target_s);
+      EXPECT_EQ(e.steps, 20u);
+      EXPECT_GT(e.eval_seconds, 0.0);
+    }
+  }
+  std::filesystem::remove(path);
 }
 
 TEST(Trainer, BadConfigIsAnInputError) {
@@ -378,6 +425,37 @@ TEST(Trainer, BadConfigIsAnInputError) {
   c = config_for(2, 8);
   TrainerTesting::inject(c, FaultInjection{2, 0});
   EXPECT_THROW(run(c), InputError);
+  // Each refused with the value's name, before any work.
+  const std::vector<std::pair<std::function<void(TrainConfig&)>, std::string>> cases{
+      {[](TrainConfig& t) { t.eval_every = 5; }, "eval_every"},
+      {[](TrainConfig& t) { t.target_accuracy = 0.0; }, "target_accuracy"},
+      {[](TrainConfig& t) { t.target_accuracy = 1.5; }, "target_accuracy"},
+      {[](TrainConfig& t) { t.optimizer.nesterov = true; }, "optimizer.nesterov"},
+      {[](TrainConfig& t) { t.optimizer.beta2 = 1.0; }, "optimizer.betas"},
+      {[](TrainConfig& t) { t.optimizer.rho = -0.1; }, "optimizer.rho"},
+      {[](TrainConfig& t) { t.optimizer.eps = std::nan(""); }, "optimizer.eps"},
+      {[](TrainConfig& t) {
+         t.optimizer.kind = OptimizerKind::kAdam;
+         t.optimizer.momentum = 0.9;
+       },
+       "optimizer.momentum"},
+      {[](TrainConfig& t) {
+         t.schedule.kind = ScheduleKind::kOneCycle;
+         t.schedule.warmup = 3;
+       },
+       "schedule.warmup"},
+  };
+  for (const auto& [edit, input] : cases) {
+    TrainConfig bad = config_for(2, 8);
+    bad.evaluate = true;
+    edit(bad);
+    try {
+      check_train_config(bad);
+      ADD_FAILURE() << "accepted a bad " << input;
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.input(), input) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -43,7 +43,7 @@ inline TrainConfig config_for(int world, std::uint32_t batch) {
   c.epochs = 1;
   c.max_steps = 20;
   c.seed = 7;
-  c.sgd = {0.001f, 0.0f, 1e-4f};
+  c.optimizer = {0.001f, 0.0f, 1e-4f};
   c.evaluate = false;
   return c;
 }

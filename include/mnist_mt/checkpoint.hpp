@@ -1,16 +1,22 @@
 #pragma once
 // safetensors checkpoints (DESIGN.md decision 8): the parameters under PyTorch's names
-// and shapes, so torch loads them as they are; momentum as "momentum.<name>"; the loop
-// state in the metadata. Writes are atomic.
+// and shapes, so torch loads them as they are; the optimizer's state buffers as
+// "<PyTorch's state name>.<name>" (momentum_buffer, exp_avg, exp_avg_sq, square_avg,
+// acc_delta); the optimizer, its updates applied and the loop state in the metadata.
+// Writes are atomic.
 #include <cstdint>
 #include <filesystem>
 #include <vector>
+
+#include "mnist_mt/optimizer.hpp"
 
 namespace mnist_mt {
 
 struct Checkpoint {
   std::vector<float> params;    // kParamCount, state-dict order
-  std::vector<float> momentum;  // kParamCount, or empty when there is none
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+  // state_buffers(optimizer) buffers, or none (a file of parameters only)
+  OptimizerState state;
   std::uint32_t epoch = 0;      // epochs completed
   std::uint32_t epoch_step = 0; // steps done in the epoch after those (mid-epoch checkpoints)
   std::uint64_t step = 0;       // optimizer steps taken

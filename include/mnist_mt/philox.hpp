@@ -6,11 +6,7 @@
 #include <array>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MNIST_MT_HD __host__ __device__ __forceinline__
-#else
-#define MNIST_MT_HD inline
-#endif
+#include "mnist_mt/host_device.hpp"
 
 namespace mnist_mt {
 

@@ -9,14 +9,9 @@
 
 #include "mnist_mt/batch.hpp"
 #include "mnist_mt/error.hpp"
+#include "mnist_mt/optimizer.hpp"
 
 namespace mnist_mt {
-
-struct SgdOptions {
-  float lr = 0.01f;
-  float momentum = 0.0f;
-  float weight_decay = 0.0f;
-};
 
 // Identifies the dropout masks of a forward pass (DESIGN.md decision 5).
 struct DropoutKey {
@@ -25,7 +20,7 @@ struct DropoutKey {
   bool operator==(const DropoutKey&) const = default;
 };
 
-// A training step whose update guarded_sgd_step() dropped: its loss (this replica's) and
+// A training step whose update guarded_update() dropped: its loss (this replica's) and
 // its gradients' norm, one of them non-finite.
 struct NonFiniteStep {
   std::uint64_t step = 0;
@@ -39,11 +34,11 @@ struct StepStats {
   double loss_sum = 0;   // sum of per-sample NLL
   double correct = 0;    // samples whose argmax equals the label
   double samples = 0;
-  std::uint64_t skipped = 0;                // updates guarded_sgd_step() dropped
+  std::uint64_t skipped = 0;                // updates guarded_update() dropped
   std::optional<NonFiniteStep> non_finite;  // the first of them
 };
 
-// What guarded_sgd_step() checks before it updates. The same for every update of a run:
+// What guarded_update() checks before it updates. The same for every update of a run:
 // a recorded step (Device::begin_record) replays it as it was.
 struct UpdateGuard {
   // The global step of the replica's first guarded update: its n-th (from 0) is step
@@ -66,8 +61,8 @@ class Replica {
 
   // Setup: readies the replica for batches of each of `sizes` (1..max_batch()): the
   // algorithms chosen, their workspaces taken, kernels loaded, so that no step sets
-  // anything up while peers wait in a collective. Parameters and momentum are left as
-  // they are; the step statistics are cleared.
+  // anything up while peers wait in a collective. Parameters and optimizer state are
+  // left as they are; the step statistics are cleared.
   virtual void prepare(std::span<const std::uint32_t> sizes) = 0;
   // Copies the batch to the device and normalises it, (x/255 - mean)/std. The batch's
   // host memory may be reused once this returns.
@@ -114,16 +109,20 @@ class Replica {
   virtual float* keep_grads(std::size_t /*slot*/) {
     throw RuntimeFailure("this replica keeps no gradients of several shards");
   }
-  // PyTorch's SGD: g += wd*p; buf = momentum*buf + g (buf = g on the first step);
-  // p -= lr*buf. With momentum 0 no buffer is kept (p -= lr*g): read_momentum() gives what
-  // was there before.
-  virtual void sgd_step(const SgdOptions& options) = 0;
-  // sgd_step() on the device's own decision, without the host waiting: applied when the
+  // One step of the optimizer (optimizer.hpp) from grads(), with options.lr and the
+  // momentum (SGD) or beta1 (Adam) of this update: a schedule passes with_values().
+  virtual void update(const OptimizerOptions& options) = 0;
+  // update() on the device's own decision, without the host waiting: applied when the
   // gradients' 2-norm and the loss of the training forward since the last update are
-  // finite; otherwise dropped (momentum untouched, that forward's stats left out, the
-  // step counted in StepStats::skipped and recorded in non_finite), and every later one
-  // too when the guard halts and once the replica has halted.
-  virtual void guarded_sgd_step(const SgdOptions& options, const UpdateGuard& guard) = 0;
+  // finite; otherwise dropped (the optimizer's state untouched, that forward's stats left
+  // out, the step counted in StepStats::skipped and recorded in non_finite), and every
+  // later one too when the guard halts and once the replica has halted.
+  virtual void guarded_update(const OptimizerOptions& options, const UpdateGuard& guard) = 0;
+  // A device that records its steps (Device::begin_record) reads an update's learning
+  // rate and momentum from its own memory: this enqueues their values for the next
+  // update, replayed or not, and must precede it outside the recording. Others take them
+  // from update()'s options.
+  virtual void set_update_values(const OptimizerOptions& /*options*/) {}
 
   // Flat device buffers of kParamCount floats in state-dict order.
   virtual float* params() = 0;
@@ -132,8 +131,10 @@ class Replica {
   // Synchronous host copies.
   virtual void read_params(std::span<float> out) = 0;
   virtual void write_params(std::span<const float> in) = 0;
-  virtual void read_momentum(std::span<float> out) = 0;  // zeros before the first step
-  virtual void write_momentum(std::span<const float> in) = 0;
+  // Both state buffers (zeros before the first update) and the updates applied.
+  virtual OptimizerState read_state() = 0;
+  // Buffers given (kParamCount floats each) replace the replica's; an empty one leaves it.
+  virtual void write_state(const OptimizerState& state) = 0;
   // The 2-norm of grads(), synchronous: non-finite when any gradient is. Once the
   // gradients are reduced every rank holds the same bits, and so gets the same norm.
   virtual double grad_norm() = 0;

@@ -15,6 +15,7 @@
 #include "mnist_mt/backend.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/replica.hpp"
+#include "mnist_mt/schedule.hpp"
 
 namespace mnist_mt {
 
@@ -57,7 +58,12 @@ struct TrainConfig {
   std::vector<int> devices;
   std::uint32_t epochs = 1;        // the run's total: a resumed run trains what is left
   std::uint32_t batch = 64;        // per device
-  SgdOptions sgd;
+  OptimizerOptions optimizer;
+  ScheduleOptions schedule;
+  // Stop once the test accuracy (a fraction) reaches this, evaluated every eval_every
+  // global steps and at each epoch's end (eval_every 0: at epoch ends only).
+  std::optional<double> target_accuracy;
+  std::uint32_t eval_every = 0;
   std::uint64_t seed = 1;
   double bucket_mb = 25.0;         // cap of every bucket but the first (which is min(1 MB, cap))
   std::optional<std::filesystem::path> load;
@@ -107,11 +113,18 @@ struct EpochMetrics {
   double test_loss = 0;
   double test_accuracy = 0;   // fraction
   double images_per_s = 0;    // training images per second, all ranks together
-  double seconds = 0;
+  double seconds = 0;          // training, without the evaluations
   std::uint64_t steps = 0;
   std::uint64_t skipped_steps = 0;  // of `steps`, dropped for a non-finite loss or gradient norm
   PhaseSeconds phase_seconds;  // rank 0's
   std::uint64_t peak_rss_bytes = 0;  // the process's peak resident memory so far
+  double eval_seconds = 0;     // evaluating the test set, the epoch's end and --eval-every's
+  // --target-accuracy, in the epoch that reached it: the wall time from the run's first
+  // step to the end of the evaluation that reached it, the evaluations' share of it, and
+  // the global step it was reached at.
+  std::optional<double> time_to_target_s;
+  std::optional<double> target_eval_seconds;
+  std::optional<std::uint64_t> target_step;
 };
 
 struct Interruption {  // a run stopped by StopRequest::stop
@@ -123,7 +136,7 @@ struct Interruption {  // a run stopped by StopRequest::stop
 };
 
 struct TrainResult {
-  std::vector<EpochMetrics> epochs;
+  std::vector<EpochMetrics> epochs;  // the last one reached the target accuracy, if one did
   std::vector<float> params;  // final parameters (rank 0's)
   std::optional<Interruption> interrupted;
 };

@@ -10,6 +10,7 @@
 #include "mnist_mt/processes.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "options.hpp"
+#include "recipes.hpp"
 
 namespace mnist_mt::cli {
 
@@ -17,11 +18,9 @@ struct TrainFlags {
   DeviceFlags device;
   DataFlags data;
   std::string mode = "ddp";
-  std::int64_t epochs = 1;
-  std::int64_t batch = 64;
-  double lr = 0.01;
-  double momentum = 0.0;
-  double weight_decay = 0.0;
+  TrainingFlags training;
+  std::optional<double> target_accuracy;  // percent
+  std::int64_t eval_every = 0;
   std::uint64_t seed = 1;
   double bucket_mb = 25.0;
   std::optional<std::string> save;

@@ -59,8 +59,12 @@ StallInjection parse_stall(const std::string& spec) {
 
 // The flag that gives each config value (InputError::input()).
 const FlagNames kTrainFlags = {
-    {"batch", "--batch-size"},      {"sgd.lr", "--lr"},         {"sgd.momentum", "--momentum"},
-    {"sgd.weight_decay", "--weight-decay"}, {"bucket_mb", "--bucket-mb"}, {"timeout_s", "--timeout"},
+    {"batch", "--batch-size"},      {"optimizer.lr", "--lr"},   {"optimizer.momentum", "--momentum"},
+    {"optimizer.weight_decay", "--weight-decay"}, {"optimizer.nesterov", "--nesterov"},
+    {"optimizer.betas", "--betas"}, {"optimizer.eps", "--eps"}, {"optimizer.rho", "--rho"},
+    {"schedule.warmup", "--warmup"}, {"schedule.step_epochs", "--lr-step"}, {"schedule.gamma", "--gamma"},
+    {"schedule", "--lr-schedule"},  {"target_accuracy", "--target-accuracy"}, {"eval_every", "--eval-every"},
+    {"bucket_mb", "--bucket-mb"}, {"timeout_s", "--timeout"},
     {"keep", "--keep"},             {"save_every", "--save-every"}, {"save", "--save"},
     {"metrics", "--metrics"},       {"load", "--load"},         {"fault", "--inject-fault"},
     {"stall", "--inject-stall"},    {"nan", "--inject-nan"},    {"trace", "--trace"},
@@ -138,12 +142,28 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--mode", f.mode, "ddp, or dp for torch.nn.DataParallel's step: one host thread, device 0 holds the batch, the loss and the update")
       ->check(CLI::IsMember({"ddp", "dp"}))
       ->capture_default_str();
-  app.add_option("--epochs", f.epochs, "Epochs the run trains in all (with --load: up to this many)")
+  TrainingFlags& t = f.training;
+  app.add_option("--recipe", t.recipe,
+                 "Train as a named recipe: pytorch-example, template or fast (docs/cli.md); the flags below override its values");
+  app.add_option("--epochs", t.epochs, "Epochs the run trains in all (with --load: up to this many); default 1");
+  app.add_option("--batch-size", t.batch, "Batch size per device; default 64");
+  app.add_option("--optimizer", t.optimizer, "sgd, adam, adamw or adadelta, as torch.optim defines them; default sgd");
+  app.add_option("--lr", t.lr, "Learning rate (OneCycle's maximum); default 0.01 for sgd, else torch.optim's");
+  app.add_option("--momentum", t.momentum, "SGD momentum; default 0");
+  app.add_flag("--nesterov", t.nesterov, "SGD: Nesterov momentum");
+  app.add_option("--weight-decay", t.weight_decay, "Weight decay (adamw: decoupled); default 0, adamw 0.01");
+  app.add_option("--betas", t.betas, "Adam/AdamW: B1,B2; default 0.9,0.999");
+  app.add_option("--eps", t.eps, "Adam/AdamW/Adadelta epsilon; default 1e-8, adadelta 1e-6");
+  app.add_option("--rho", t.rho, "Adadelta rho; default 0.9");
+  app.add_option("--lr-schedule", t.lr_schedule,
+                 "constant, step (StepLR, per epoch), onecycle (OneCycleLR, per step) or cosine (CosineAnnealingLR over the run's steps); default constant");
+  app.add_option("--lr-step", t.lr_step, "step: epochs between rate changes (StepLR's step_size); default 1");
+  app.add_option("--gamma", t.gamma, "step: the rate's factor at each change; default 0.1");
+  app.add_option("--warmup", t.warmup, "Steps of linear warm-up before the schedule (not with onecycle); default 0");
+  app.add_option("--target-accuracy", f.target_accuracy,
+                 "Stop once the test accuracy reaches this many percent (evaluated at epoch ends and every --eval-every steps)");
+  app.add_option("--eval-every", f.eval_every, "With --target-accuracy: also evaluate every this many steps (0: epoch ends only)")
       ->capture_default_str();
-  app.add_option("--batch-size", f.batch, "Batch size per device")->capture_default_str();
-  app.add_option("--lr", f.lr, "SGD learning rate")->capture_default_str();
-  app.add_option("--momentum", f.momentum, "SGD momentum")->capture_default_str();
-  app.add_option("--weight-decay", f.weight_decay, "SGD weight decay")->capture_default_str();
   app.add_option("--seed", f.seed, "Seed of the initial weights, the data order and dropout")->capture_default_str();
   app.add_option("--bucket-mb", f.bucket_mb, "Gradient bucket cap in MiB (the first bucket: at most 1 MiB)")
       ->capture_default_str();
@@ -159,7 +179,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                  "A step with a non-finite loss or gradient norm: stop (exit 3), or skip its update on every rank")
       ->check(CLI::IsMember({"stop", "skip"}))
       ->capture_default_str();
-  app.add_option("--load", f.load, "Start from this checkpoint (weights, momentum, epoch, step, seed)");
+  app.add_option("--load", f.load, "Start from this checkpoint (weights, optimizer state, epoch, step, seed)");
   app.add_option("--metrics", f.metrics, "Write one JSON line per epoch to this file");
   app.add_option("--trace", f.trace,
                  "Write a Chrome trace-event JSON (chrome://tracing, Perfetto) of the first steps to this file (ddp)");
@@ -183,11 +203,8 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   std::ostream quiet(nullptr);
   std::ostream& out = reports ? std::cout : quiet;
   config.mode = f.mode == "dp" ? Mode::kDp : Mode::kDdp;
-  config.epochs = count_flag(f.epochs, 0, "--epochs");
-  config.batch = count_flag(f.batch, 0, "--batch-size");
-  config.sgd.lr = static_cast<float>(f.lr);
-  config.sgd.momentum = static_cast<float>(f.momentum);
-  config.sgd.weight_decay = static_cast<float>(f.weight_decay);
+  if (f.target_accuracy) config.target_accuracy = *f.target_accuracy / 100.0;
+  config.eval_every = count_flag(f.eval_every, 0, "--eval-every");
   config.seed = f.seed;
   config.bucket_mb = f.bucket_mb;
   config.max_steps = count_flag(f.max_steps, 0, "--max-steps");
@@ -216,6 +233,8 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   Devices devices = pick_devices(f.device, pin);
   if (processes != nullptr) take_host_share(devices, f.device, *processes, config.timeout_s);
   config.devices = devices.ids;
+  const std::size_t world = devices.ids.size() * static_cast<std::size_t>(processes ? processes->count() : 1);
+  apply_training_flags(f.training, world, config);
   // The values and the files are checked before the data is found or downloaded; by
   // world rank 0's process, the one that writes the files.
   with_flag_names(kTrainFlags, [&] { check_train_config(config); });
@@ -232,8 +251,8 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   if (processes != nullptr) out << processes->count() << " processes x ";
   out << config.devices.size() << ' ' << devices.backend->name() << " device(s)";
   if (pin && devices.backend->name() == "cpu") out << pinning(config.devices.size());
-  out << ", batch " << config.batch
-      << " per device, " << data.train.size() << " training and " << data.test.size() << " test images"
+  out << ", batch " << config.batch << " per device, " << describe_training(config) << ", " << data.train.size()
+      << " training and " << data.test.size() << " test images"
       << interrupt_note << std::endl;
   const TrainResult result = with_flag_names(kTrainFlags, [&] { return train(*devices.backend, data, config); });
   if (processes != nullptr) {

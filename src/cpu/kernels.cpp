@@ -11,7 +11,7 @@
 #include "simd.hpp"
 
 // The hot loops below are always-inlined bodies compiled once per instruction set
-// (simd.hpp); the SGD and dropout loops are left to GCC's vectoriser. The free functions
+// (simd.hpp); the update and dropout loops are left to GCC's vectoriser. The free functions
 // call the variants for kernel_isa(), picked on first use.
 
 namespace mnist_mt::cpu {
@@ -115,22 +115,24 @@ template <std::size_t B>
   for (; i < count; ++i) d[i] = out[i] > 0.0f ? d[i] * scale : 0.0f;
 }
 
-// PyTorch's SGD (dampening 0, no Nesterov).
+// One update of the optimizer over the flat buffers (optimizer.hpp's element functions).
+// The scalars are copied first: stores to the float buffers could otherwise alias them,
+// which keeps GCC from hoisting their tests out of the loops and vectorising.
 template <std::size_t>  // auto-vectorised
-[[gnu::always_inline]] inline void sgd_body(float* params, const float* grads, float* momentum, std::size_t count,
-                                            const SgdOptions& options, bool first_step) {
-  const float wd = options.weight_decay, lr = options.lr;
-  if (options.momentum == 0.0f) {  // PyTorch keeps no buffer: two of five memory streams saved
-    for (std::size_t i = 0; i < count; ++i) params[i] -= lr * (grads[i] + wd * params[i]);
-    return;
-  }
-  // buf = 0*buf + g on the first step: the buffer is all zeros then, so this is buf = g.
-  const float m = first_step ? 0.0f : options.momentum;
-  for (std::size_t i = 0; i < count; ++i) {
-    const float g = grads[i] + wd * params[i];
-    const float buf = m * momentum[i] + g;
-    momentum[i] = buf;
-    params[i] -= lr * buf;
+[[gnu::always_inline]] inline void update_body(float* params, const float* grads, float* first, float* second,
+                                               std::size_t count, const UpdateScalars& scalars) {
+  const UpdateScalars s = scalars;
+  switch (s.kind) {
+    case OptimizerKind::kSgd:
+      for (std::size_t i = 0; i < count; ++i) sgd_at(params, grads, first, i, s);
+      return;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      for (std::size_t i = 0; i < count; ++i) adam_at(params, grads, first, second, i, s);
+      return;
+    case OptimizerKind::kAdadelta:
+      for (std::size_t i = 0; i < count; ++i) adadelta_at(params, grads, first, second, i, s);
+      return;
   }
 }
 
@@ -158,10 +160,10 @@ MNIST_MT_ISA_VARIANTS(dropout, dropout_body,
                       (key, samples, batch, stream, elements, p, x))
 MNIST_MT_ISA_VARIANTS(relu_dropout_backward, relu_dropout_backward_body,
                       (const float* out, float scale, std::size_t count, float* d), (out, scale, count, d))
-MNIST_MT_ISA_VARIANTS(sgd, sgd_body,
-                      (float* params, const float* grads, float* momentum, std::size_t count,
-                       const SgdOptions& options, bool first_step),
-                      (params, grads, momentum, count, options, first_step))
+MNIST_MT_ISA_VARIANTS(update, update_body,
+                      (float* params, const float* grads, float* first, float* second, std::size_t count,
+                       const UpdateScalars& scalars),
+                      (params, grads, first, second, count, scalars))
 MNIST_MT_ISA_VARIANTS(sum_of_squares, sum_of_squares_body, (const float* x, std::size_t count, double* out),
                       (x, count, out))
 
@@ -173,9 +175,9 @@ void normalise_images(const std::uint8_t* pixels, std::size_t count, float* out)
 }
 
 ElementKernels element_kernels(Isa isa) {
-  return pick<ElementKernels>(isa, {dropout_avx512, relu_dropout_backward_avx512, sgd_avx512, sum_of_squares_avx512},
-                              {dropout_avx2, relu_dropout_backward_avx2, sgd_avx2, sum_of_squares_avx2},
-                              {dropout_portable, relu_dropout_backward_portable, sgd_portable, sum_of_squares_portable});
+  return pick<ElementKernels>(isa, {dropout_avx512, relu_dropout_backward_avx512, update_avx512, sum_of_squares_avx512},
+                              {dropout_avx2, relu_dropout_backward_avx2, update_avx2, sum_of_squares_avx2},
+                              {dropout_portable, relu_dropout_backward_portable, update_portable, sum_of_squares_portable});
 }
 
 namespace {
@@ -215,9 +217,9 @@ void log_softmax_nll(const float* logits, const std::uint8_t* labels, std::uint3
   }
 }
 
-void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdOptions& options,
-                bool first_step) {
-  process_kernels().sgd_update(params, grads, momentum, count, options, first_step);
+void optimizer_update(float* params, const float* grads, float* first, float* second, std::size_t count,
+                      const UpdateScalars& scalars) {
+  process_kernels().optimizer_update(params, grads, first, second, count, scalars);
 }
 
 double sum_of_squares(const float* x, std::size_t count) {

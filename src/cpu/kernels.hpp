@@ -7,6 +7,7 @@
 
 #include "isa.hpp"
 #include "mnist_mt/device.hpp"
+#include "mnist_mt/optimizer.hpp"
 #include "mnist_mt/philox.hpp"
 #include "mnist_mt/replica.hpp"
 
@@ -35,11 +36,11 @@ struct LossSums {
 void log_softmax_nll(const float* logits, const std::uint8_t* labels, std::uint32_t batch, float denominator,
                      float* logp, float* dlogits, LossSums& sums);
 
-// PyTorch's SGD (dampening 0, no Nesterov): g += wd*p; buf = momentum*buf + g, or buf = g
-// when first_step; p -= lr*buf. With momentum 0 there is no buffer: p -= lr*g, and
-// `momentum` is left as it is.
-void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdOptions& options,
-                bool first_step);
+// One optimizer update of `count` parameters (optimizer.hpp: sgd_at, adam_at, adadelta_at):
+// `first` and `second` are its state buffers (SGD reads `first` only, and only with
+// momentum). The vector variants fuse products and sums (GCC's default contraction).
+void optimizer_update(float* params, const float* grads, float* first, float* second, std::size_t count,
+                      const UpdateScalars& scalars);
 
 // The sum of x[i]^2 in double, added in the same order on every ISA (the gradients'
 // norm, which every rank must compute to the same bits).
@@ -53,13 +54,13 @@ double sum_of_squares(const float* x, std::size_t count);
 double reduce_in_order(std::span<const float* const> in, std::size_t begin, std::size_t count,
                        std::span<float* const> out, ReduceOp op, std::size_t divisor);
 
-// The variants of dropout_forward, relu_dropout_backward, sgd_update and sum_of_squares
+// The variants of dropout_forward, relu_dropout_backward, optimizer_update and sum_of_squares
 // for one ISA; the functions above run those of kernel_isa().
 struct ElementKernels {
   void (*dropout_forward)(const DropoutKey&, const std::uint32_t*, std::uint32_t, RandomStream, std::uint32_t, float,
                           float*);
   void (*relu_dropout_backward)(const float*, float, std::size_t, float*);
-  void (*sgd_update)(float*, const float*, float*, std::size_t, const SgdOptions&, bool);
+  void (*optimizer_update)(float*, const float*, float*, float*, std::size_t, const UpdateScalars&);
   void (*sum_of_squares)(const float*, std::size_t, double*);
 };
 ElementKernels element_kernels(Isa isa);

@@ -16,7 +16,7 @@ std::unique_ptr<Plan> build_plan(const dnnl::engine& engine, std::uint32_t batch
   PlanBuilder b(engine, *plan);
   const std::string own = std::string("own:") + isa_name(isa);
   for (Op op : {kInputOp, kConv1Forward, kPoolForward, kDropout1Forward, kDropout2Forward, kLossOp, kDropout2Backward,
-                kDropout1Backward, kPoolBackward, kConv1BackwardWeights, kSgdOp})
+                kDropout1Backward, kPoolBackward, kConv1BackwardWeights, kUpdateOp})
     plan->impl[op] = own;
   add_conv2_forward(b, *plan, buf, isa, params);
   plan->conv2_backward = std::make_unique<Conv2WinogradBackward>(engine, batch, isa);

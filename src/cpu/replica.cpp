@@ -1,10 +1,10 @@
 // The CPU replica: sequences the step's operations on the device's compute stream. conv2's
 // forward and the fully-connected layers run through oneDNN (plan.hpp); conv1, the ReLU +
-// max pooling, conv2's backward (Winograd), dropout, the loss and SGD through own kernels.
+// max pooling, conv2's backward (Winograd), dropout, the loss and the optimizer's update through own kernels.
 // Activations from conv1 to the pooling are in oneDNN's blocked layout for the ISA
 // (nChw16c on AVX-512, nChw8c otherwise); the pooling writes PyTorch's flatten order for
-// fc1, and dropout runs on that. Parameters, gradients and momentum are flat buffers in
-// state-dict order.
+// fc1, and dropout runs on that. Parameters, gradients and the optimizer's state are flat
+// buffers in state-dict order.
 #include "replica.hpp"
 
 #include <algorithm>
@@ -39,7 +39,7 @@ class CpuReplicaImpl final : public CpuReplica {
         max_batch_(max_batch),
         params_(aligned_zeros<float>(kParamCount)),
         grads_(aligned_zeros<float>(kParamCount)),
-        momentum_(aligned_zeros<float>(kParamCount)),
+        state_{aligned_zeros<float>(kParamCount), aligned_zeros<float>(kParamCount)},
         buffers_(max_batch),
         staged_images_(std::size_t{max_batch} * kImageBytes),
         staged_labels_(max_batch),
@@ -203,18 +203,18 @@ class CpuReplicaImpl final : public CpuReplica {
     return to;
   }
 
-  void sgd_step(const SgdOptions& options) override {
-    device_.compute().enqueue([this, options] { update(options); });
+  void update(const OptimizerOptions& options) override {
+    device_.compute().enqueue([this, options] { apply(options); });
   }
 
-  void guarded_sgd_step(const SgdOptions& options, const UpdateGuard& guard) override {
+  void guarded_update(const OptimizerOptions& options, const UpdateGuard& guard) override {
     device_.compute().enqueue([this, options, guard] {
       const std::uint64_t number = guarded_updates_++;
       const std::optional<double> reduced = guard.reduced_squares ? guard.reduced_squares() : std::nullopt;
       const double norm = std::sqrt(reduced ? *reduced : sum_of_squares(grads_.get(), kParamCount));
       if (!halted_ && std::isfinite(norm) && std::isfinite(pending_.loss_sum)) {
         commit_pending();
-        update(options);
+        apply(options);
         return;
       }
       ++sums_.skipped;
@@ -228,12 +228,24 @@ class CpuReplicaImpl final : public CpuReplica {
 
   void read_params(std::span<float> out) override { copy_out(params_.get(), out); }
   void write_params(std::span<const float> in) override { copy_in(in, params_.get()); }
-  void read_momentum(std::span<float> out) override { copy_out(momentum_.get(), out); }
-  void write_momentum(std::span<const float> in) override {
-    check_size(in.size());
+  OptimizerState read_state() override {
+    OptimizerState state;
+    state.first.resize(kParamCount);
+    state.second.resize(kParamCount);
     run_sync([&] {
-      std::memcpy(momentum_.get(), in.data(), kParamCount * sizeof(float));
-      momentum_valid_ = true;
+      std::memcpy(state.first.data(), state_[0].get(), kParamCount * sizeof(float));
+      std::memcpy(state.second.data(), state_[1].get(), kParamCount * sizeof(float));
+      state.applied = applied_;
+    });
+    return state;
+  }
+  void write_state(const OptimizerState& state) override {
+    for (const auto* buffer : {&state.first, &state.second})
+      if (!buffer->empty()) check_size(buffer->size());
+    run_sync([&] {
+      if (!state.first.empty()) std::memcpy(state_[0].get(), state.first.data(), kParamCount * sizeof(float));
+      if (!state.second.empty()) std::memcpy(state_[1].get(), state.second.data(), kParamCount * sizeof(float));
+      applied_ = state.applied;
     });
   }
   void read_grads(std::span<float> out) override { copy_out(grads_.get(), out); }
@@ -329,12 +341,14 @@ class CpuReplicaImpl final : public CpuReplica {
         });
   }
 
-  // Compute thread: SGD, and the stats of the forward passes since the last update.
-  void update(const SgdOptions& options) {
-    timed(kSgdOp, [&] {
-      sgd_update(params_.get(), grads_.get(), momentum_.get(), kParamCount, options, !momentum_valid_);
+  // Compute thread: the optimizer's update, and the stats of the forward passes since the
+  // last update.
+  void apply(const OptimizerOptions& options) {
+    const UpdateScalars scalars = update_scalars(options, base_values(options), applied_);
+    timed(kUpdateOp, [&] {
+      optimizer_update(params_.get(), grads_.get(), state_[0].get(), state_[1].get(), kParamCount, scalars);
     });
-    momentum_valid_ = true;
+    ++applied_;
   }
   void commit_pending() {
     sums_.loss_sum += pending_.loss_sum;
@@ -411,7 +425,8 @@ class CpuReplicaImpl final : public CpuReplica {
   const PoolKernels pool_ = pool_kernels(isa_);
   dnnl::engine engine_;
   dnnl::stream stream_;
-  Aligned<float> params_, grads_, momentum_;
+  Aligned<float> params_, grads_;
+  Aligned<float> state_[2];  // the optimizer's buffers (OptimizerState::first, second)
   Buffers buffers_;
   std::map<std::uint32_t, std::unique_ptr<Plan>> plans_;
 
@@ -424,8 +439,8 @@ class CpuReplicaImpl final : public CpuReplica {
   std::uint64_t staged_ticket_ = 0;
 
   // Compute-stream side.
-  bool momentum_valid_ = false;  // false until the first step: buf = g then
-  std::uint64_t guarded_updates_ = 0;  // guarded_sgd_step() calls run (compute thread)
+  std::uint64_t applied_ = 0;  // updates applied (compute thread)
+  std::uint64_t guarded_updates_ = 0;  // guarded_update() calls run (compute thread)
   float scale0_ = 1.0f, scale1_ = 1.0f;  // dropout scales of the last forward
   StepStats sums_;     // committed: the forwards of updated steps, and evaluation's
   StepStats pending_;  // the forwards since the last update, until it is applied or dropped

@@ -39,7 +39,7 @@ bool is_reference(std::string_view impl);
 
 // Builds the oneDNN primitives for batch `max_batch` on the device's compute stream
 // (oneDNN chooses kernels for the thread count it runs with) and waits for them.
-// Parameters, gradients and momentum start at zero. Warns once per process on stderr
+// Parameters, gradients and the optimizer state start at zero. Warns once per process on stderr
 // when a plan runs a reference implementation.
 std::unique_ptr<CpuReplica> make_cpu_replica(CpuDevice& device, std::uint32_t max_batch);
 

@@ -15,14 +15,14 @@ namespace mnist_mt::cpu {
 enum Op : int {
   kInputOp, kConv1Forward, kConv2Forward, kPoolForward, kDropout1Forward, kFc1Forward, kDropout2Forward,
   kFc2Forward, kLossOp, kFc2BackwardWeights, kFc2BackwardData, kDropout2Backward, kFc1BackwardWeights,
-  kFc1BackwardData, kDropout1Backward, kPoolBackward, kConv2Backward, kConv1BackwardWeights, kSgdOp, kOpCount
+  kFc1BackwardData, kDropout1Backward, kPoolBackward, kConv2Backward, kConv1BackwardWeights, kUpdateOp, kOpCount
 };
 constexpr std::array<const char*, kOpCount> kOpNames{
     "input (normalise)",    "conv1 forward (+ReLU)", "conv2 forward",        "ReLU + pool forward",
     "dropout1 forward",     "fc1 forward (+ReLU)",   "dropout2 forward",     "fc2 forward",
     "log_softmax + NLL",    "fc2 backward_weights",  "fc2 backward_data",    "dropout2 + ReLU backward",
     "fc1 backward_weights", "fc1 backward_data",     "dropout1 backward",    "ReLU + pool backward",
-    "conv2 backward (weights + data)", "ReLU + conv1 backward_weights", "SGD"};
+    "conv2 backward (weights + data)", "ReLU + conv1 backward_weights", "optimizer update"};
 static_assert(kOpNames.back() != nullptr, "a name for every operation");
 
 // A primitive with its arguments, run through the C API so a step allocates nothing.

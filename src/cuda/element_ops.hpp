@@ -14,23 +14,8 @@ namespace mnist_mt::cuda {
 
 inline constexpr int kClasses = 10;
 
-// fp32 add and multiply rounded to nearest and never fused: __fadd_rn/__fmul_rn keep
-// nvcc from contracting them into an FMA. On the host, code using them needs
-// -ffp-contract=off: GCC contracts by default in C++, even with -std=c++20.
-MNIST_MT_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-MNIST_MT_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
+using mnist_mt::add_rn;  // host_device.hpp: rounded apart, never fused
+using mnist_mt::mul_rn;
 
 MNIST_MT_HD float normalize_at(const std::uint8_t* images, std::size_t i, float mean, float std) {
   return (static_cast<float>(images[i]) / 255.0f - mean) / std;
@@ -132,19 +117,15 @@ MNIST_MT_HD RowLoss log_softmax_nll_at(const float* z, const float* bias, const 
   return row;
 }
 
-// PyTorch's order of operations; the old buffer is read only after the first step. With
-// momentum 0 PyTorch keeps no buffer: it is neither read nor written.
-MNIST_MT_HD void sgd_at(float* params, const float* grads, float* momentum, std::size_t i, const SgdArgs& args) {
-  const float p = params[i];
-  float d = grads[i];
-  if (args.weight_decay != 0.0f) d = add_rn(d, mul_rn(args.weight_decay, p));
-  if (args.momentum == 0.0f) {
-    params[i] = add_rn(p, mul_rn(-args.lr, d));
-    return;
+// The optimizer's update of element i (optimizer.hpp), by the optimizer of `s`.
+MNIST_MT_HD void update_at(float* params, const float* grads, float* first, float* second, std::size_t i,
+                           const UpdateScalars& s) {
+  switch (s.kind) {
+    case OptimizerKind::kSgd: sgd_at(params, grads, first, i, s); return;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW: adam_at(params, grads, first, second, i, s); return;
+    case OptimizerKind::kAdadelta: adadelta_at(params, grads, first, second, i, s); return;
   }
-  const float buf = args.first ? d : add_rn(mul_rn(args.momentum, momentum[i]), d);
-  momentum[i] = buf;
-  params[i] = add_rn(p, mul_rn(-args.lr, buf));
 }
 
 }  // namespace mnist_mt::cuda

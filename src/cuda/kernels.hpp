@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "mnist_mt/optimizer.hpp"
 #include "mnist_mt/philox.hpp"
 
 struct CUstream_st;
@@ -57,27 +58,20 @@ void bias_grad(const float* dy, float* db, std::uint32_t rows, int channels, int
 void log_softmax_nll(const float* z, const float* bias, const std::uint8_t* labels, std::uint32_t rows,
                      float denominator, float* logprobs, float* dlogits, double* stats, StreamHandle stream);
 
-// PyTorch's SGD: d = g + wd*p; buf = first ? d : momentum*buf + d; p -= lr*buf. With
-// momentum 0 there is no buffer: p -= lr*d, the buffer left as it is. The gradient is
-// left as it is.
-struct SgdArgs {
-  float lr = 0.0f;
-  float momentum = 0.0f;
-  float weight_decay = 0.0f;
-  bool first = false;  // the buffer starts as the first step's d (sgd_update's `first` flag replaces it)
-};
-// The momentum buffer's state on the device, ints: whether an update has started it,
-// and whether the coming update is its first. Kept there so that a recorded step (a
-// CUDA graph) replays with the right one.
-enum MomentumState : std::size_t { kMomentumStarted, kMomentumFirst, kMomentumStates };
-// One thread, before an update: state[kMomentumFirst] = !state[kMomentumStarted], and the
-// buffer counts as started when the update runs (`gate` null or non-zero).
-void begin_update(int* state, const int* gate, StreamHandle stream);
-// `gate`, when given, is a device flag: the update runs only where it is non-zero.
-// `first`, when given, is a device flag that replaces args.first (the replica's updates
-// pass the MomentumState flag; the kernel tests pass args.first alone).
-void sgd_update(float* params, const float* grads, float* momentum, std::size_t count, const SgdArgs& args,
-                StreamHandle stream, const int* gate = nullptr, const int* first = nullptr);
+// The optimizer's update. Its learning rate and momentum (SGD) or beta1 (Adam) are read
+// from device memory, two doubles that write_update_values() sets before each update,
+// so that a recorded step (a CUDA graph) replays under a schedule's changing values.
+void write_update_values(double* values, double lr, double momentum, StreamHandle stream);
+// One thread, before an update: its scalars (optimizer.hpp's update_scalars) from
+// `options`, `values` and the updates applied so far (*applied), which advances when the
+// update runs (`gate` null or non-zero).
+void begin_update(const OptimizerOptions& options, const double* values, unsigned long long* applied, const int* gate,
+                  UpdateScalars* scalars, StreamHandle stream);
+// The update of `count` parameters from the device's `scalars` (update_at); `first` and
+// `second`: the optimizer's state buffers. `gate`, when given, is a device flag: the
+// update runs only where it is non-zero.
+void optimizer_update(float* params, const float* grads, float* first, float* second, std::size_t count,
+                      const UpdateScalars* scalars, StreamHandle stream, const int* gate = nullptr);
 
 // The replica's statistics on the device, doubles: what a snapshot copies out and
 // resets (the first kStatsReported), then the forwards since the last update
@@ -89,7 +83,7 @@ enum Stat : std::size_t {
   kStatCount
 };
 // One thread: whether the step's update runs (*gate), from the gradients' sum of squares
-// and the pending loss (Replica::guarded_sgd_step); commits or drops the pending stats.
+// and the pending loss (Replica::guarded_update); commits or drops the pending stats.
 // The update is step first_step + stats[kStatUpdates], which it advances.
 void decide_update(double* stats, const double* squares, std::uint64_t first_step, bool halt, int* gate,
                    StreamHandle stream);

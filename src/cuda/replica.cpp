@@ -70,7 +70,8 @@ class CudaReplica final : public Replica {
         workspace_(std::max<std::size_t>(tune_convs(), 256)),
         params_(kParamCount),
         grads_(kParamCount),
-        momentum_(kParamCount),
+        first_(kParamCount),
+        second_(kParamCount),
         x_(std::size_t{max_batch} * kImageBytes),
         a1_(std::size_t{max_batch} * kA1),
         a2_(std::size_t{max_batch} * kA2),
@@ -87,7 +88,9 @@ class CudaReplica final : public Replica {
         stats_host_(kStatsReported * kSnapshots),
         squares_(kSquareScratch),
         gate_(1),
-        momentum_state_(kMomentumStates),
+        values_(2),
+        applied_(1),
+        scalars_(1),
         input_(device, max_batch) {
     for (auto& e : snapshot_events_) e = make_event();
     warm_up();
@@ -227,19 +230,25 @@ class CudaReplica final : public Replica {
     grads_ready(kConv1);
   }
 
-  void sgd_step(const SgdOptions& options) override {
+  void update(const OptimizerOptions& options) override {
     device_.activate();
-    update(options, nullptr);
+    apply(options, nullptr);
   }
 
   // The communicators here keep no sum of squares: the replica sums the reduced
   // gradients on the device, and the device decides.
-  void guarded_sgd_step(const SgdOptions& options, const UpdateGuard& guard) override {
+  void guarded_update(const OptimizerOptions& options, const UpdateGuard& guard) override {
     device_.activate();
     sum_of_squares(grads_.data(), kParamCount, squares_.data(), stream());
     decide_update(stats_.data(), squares_.data() + kSquareBlocks, guard.first_step, guard.halt, gate_.data(),
                   stream());
-    update(options, gate_.data());
+    apply(options, gate_.data());
+  }
+
+  void set_update_values(const OptimizerOptions& options) override {
+    device_.activate();
+    const UpdateValues v = base_values(options);
+    write_update_values(values_.data(), v.lr, v.momentum, stream());
   }
 
   float* params() override { return params_.data(); }
@@ -247,11 +256,22 @@ class CudaReplica final : public Replica {
 
   void read_params(std::span<float> out) override { download(out, params_, "read_params"); }
   void write_params(std::span<const float> in) override { upload(in, params_, "write_params"); }
-  void read_momentum(std::span<float> out) override { download(out, momentum_, "read_momentum"); }
-  void write_momentum(std::span<const float> in) override {
-    upload(in, momentum_, "write_momentum");
-    const int started[kMomentumStates] = {1, 0};
-    copy_sync(momentum_state_.data(), started, sizeof started, cudaMemcpyHostToDevice);
+  OptimizerState read_state() override {
+    OptimizerState state;
+    state.first.resize(kParamCount);
+    state.second.resize(kParamCount);
+    download(state.first, first_, "read_state");
+    download(state.second, second_, "read_state");
+    unsigned long long applied = 0;
+    copy_sync(&applied, applied_.data(), sizeof applied, cudaMemcpyDeviceToHost);
+    state.applied = applied;
+    return state;
+  }
+  void write_state(const OptimizerState& state) override {
+    if (!state.first.empty()) upload(state.first, first_, "write_state");
+    if (!state.second.empty()) upload(state.second, second_, "write_state");
+    const unsigned long long applied = state.applied;
+    copy_sync(applied_.data(), &applied, sizeof applied, cudaMemcpyHostToDevice);
   }
   void read_grads(std::span<float> out) override { download(out, grads_, "read_grads"); }
 
@@ -309,14 +329,15 @@ class CudaReplica final : public Replica {
  private:
   cudaStream_t stream() const { return device_.compute(); }
 
-  // The update, gated or not. PyTorch starts the momentum buffer as the first applied
-  // update's d; the device keeps whether it has started, so that a recorded step replays
-  // right. A dropped first update leaves it unstarted.
-  void update(const SgdOptions& options, const int* gate) {
-    begin_update(momentum_state_.data(), gate, stream());
-    sgd_update(params_.data(), grads_.data(), momentum_.data(), kParamCount,
-               {options.lr, options.momentum, options.weight_decay, false}, stream(), gate,
-               momentum_state_.data() + kMomentumFirst);
+  // The update, gated or not. Its scalars are made on the device from the values there
+  // and the updates applied, so that a recorded step replays right: the values are
+  // written here unless recording, where set_update_values() writes them before each
+  // replay.
+  void apply(const OptimizerOptions& options, const int* gate) {
+    if (!device_.recording()) set_update_values(options);
+    begin_update(options, values_.data(), applied_.data(), gate, scalars_.data(), stream());
+    optimizer_update(params_.data(), grads_.data(), first_.data(), second_.data(), kParamCount, scalars_.data(),
+                     stream(), gate);
   }
   float* param(int index) { return params_.data() + kParams[static_cast<std::size_t>(index)].offset; }
   float* grad(int index) { return grads_.data() + kParams[static_cast<std::size_t>(index)].offset; }
@@ -353,10 +374,10 @@ class CudaReplica final : public Replica {
   }
 
   void zero_state() {
-    for (const DeviceBuffer<float>* b : {&params_, &grads_, &momentum_})
+    for (const DeviceBuffer<float>* b : {&params_, &grads_, &first_, &second_})
       CUDA_CHECK(cudaMemsetAsync(b->data(), 0, b->bytes(), stream()));
     CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, stats_.bytes(), stream()));
-    CUDA_CHECK(cudaMemsetAsync(momentum_state_.data(), 0, momentum_state_.bytes(), stream()));
+    CUDA_CHECK(cudaMemsetAsync(applied_.data(), 0, applied_.bytes(), stream()));
   }
 
   // One training step on zeros (weights and input): lazily loaded kernels and cuDNN's
@@ -365,7 +386,7 @@ class CudaReplica final : public Replica {
   void warm_up() {
     zero_state();
     pass_on_zeros(max_batch_);
-    sgd_step({0.0f, 0.9f, 0.0f});
+    update(OptimizerOptions{0.0, 0.9, 0.0});
     prepared_.push_back(max_batch_);
   }
 
@@ -391,7 +412,8 @@ class CudaReplica final : public Replica {
   Conv2d conv1_;
   Conv2d conv2_;
   DeviceBuffer<std::uint8_t> workspace_;  // cuDNN's, shared by both convolutions
-  DeviceBuffer<float> params_, grads_, momentum_;
+  DeviceBuffer<float> params_, grads_;
+  DeviceBuffer<float> first_, second_;  // the optimizer's state (OptimizerState::first, second)
   // Activations and their gradients, for max_batch rows.
   DeviceBuffer<float> x_, a1_, a2_, pooled_, h_, z_, logprobs_, dlogits_;
   DeviceBuffer<float> dh_, dpooled_, da2_, da1_;
@@ -400,8 +422,10 @@ class CudaReplica final : public Replica {
   std::array<EventOwner, kSnapshots> snapshot_events_;
   std::uint64_t snapshots_taken_ = 0;
   DeviceBuffer<double> squares_;  // sum_of_squares' partial sums and total
-  DeviceBuffer<int> gate_;        // guarded_sgd_step's decision
-  DeviceBuffer<int> momentum_state_;  // kernels.hpp's MomentumState
+  DeviceBuffer<int> gate_;        // guarded_update's decision
+  DeviceBuffer<double> values_;   // the next update's learning rate and momentum (write_update_values)
+  DeviceBuffer<unsigned long long> applied_;  // updates applied
+  DeviceBuffer<UpdateScalars> scalars_;       // the update's, from begin_update
   InputStage input_;
   DeviceBatch batch_;  // size: the rows the next forward and backward use
   std::uint32_t input_rows_ = 0, labelled_rows_ = 0;  // of the last input; those with labels

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -22,8 +23,9 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
 
-constexpr std::string_view kFormatVersion = "1";
-constexpr std::string_view kMomentumPrefix = "momentum.";
+// Version 1 held SGD's buffer as "momentum.<name>" and no optimizer: still read.
+constexpr std::string_view kFormatVersion = "2";
+constexpr std::string_view kOldMomentumPrefix = "momentum.";
 constexpr std::uint64_t kMaxHeaderBytes = 100u << 20;  // safetensors' own limit
 // Far above a checkpoint's 9.6 MB: only a bound on what a wrong path makes us read.
 constexpr std::uint64_t kMaxFileBytes = std::uint64_t{1} << 30;
@@ -34,20 +36,36 @@ using Json = nlohmann::ordered_json;
   throw InputError(path.string() + ": " + problem);
 }
 
-// One tensor of the file: a parameter, or its momentum.
+// One tensor of the file: a parameter, or its part of an optimizer state buffer.
 struct Slot {
   std::string name;
   const ParamInfo* param;
-  bool momentum;
+  int buffer;  // -1: the parameter; 0, 1: OptimizerState::first, second
 };
 
-std::vector<Slot> slots(bool with_momentum) {
+// `prefixes`: the state buffers' names, "momentum_buffer." and so on.
+std::vector<Slot> slots(const std::vector<std::string>& prefixes) {
   std::vector<Slot> out;
-  for (const ParamInfo& p : kParams) out.push_back({std::string(p.name), &p, false});
-  if (with_momentum)
-    for (const ParamInfo& p : kParams) out.push_back({std::string(kMomentumPrefix) + std::string(p.name), &p, true});
+  for (const ParamInfo& p : kParams) out.push_back({std::string(p.name), &p, -1});
+  for (std::size_t b = 0; b < prefixes.size(); ++b)
+    for (const ParamInfo& p : kParams) out.push_back({prefixes[b] + std::string(p.name), &p, static_cast<int>(b)});
   return out;
 }
+
+std::vector<std::string> state_prefixes(OptimizerKind kind) {
+  std::vector<std::string> out;
+  for (int b = 0; b < state_buffers(kind); ++b) out.push_back(std::string(state_name(kind, b)) + ".");
+  return out;
+}
+
+std::vector<float>& buffer_of(Checkpoint& c, int buffer) {
+  return buffer < 0 ? c.params : buffer == 0 ? c.state.first : c.state.second;
+}
+const std::vector<float>& buffer_of(const Checkpoint& c, int buffer) {
+  return buffer_of(const_cast<Checkpoint&>(c), buffer);
+}
+
+bool has_state(const Checkpoint& c) { return !c.state.first.empty(); }
 
 Json shape_json(const ParamInfo& p) {
   Json shape = Json::array();
@@ -68,8 +86,10 @@ std::string header_text(const Checkpoint& c) {
     header["__metadata__"]["batch"] = std::to_string(c.batch);
   }
   if (c.shard_order) header["__metadata__"]["sum_order"] = "shards";
+  header["__metadata__"]["optimizer"] = std::string(optimizer_name(c.optimizer));
+  if (has_state(c)) header["__metadata__"]["optimizer_step"] = std::to_string(c.state.applied);
   std::uint64_t offset = 0;
-  for (const Slot& s : slots(!c.momentum.empty())) {
+  for (const Slot& s : slots(has_state(c) ? state_prefixes(c.optimizer) : std::vector<std::string>{})) {
     const std::uint64_t bytes = s.param->count * sizeof(float);
     header[s.name] = {{"dtype", "F32"}, {"shape", shape_json(*s.param)}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
@@ -182,16 +202,18 @@ T metadata_number(const std::filesystem::path& path, const Json& metadata, const
 }  // namespace
 
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint) {
-  if (checkpoint.params.size() != kParamCount ||
-      (!checkpoint.momentum.empty() && checkpoint.momentum.size() != kParamCount))
-    throw RuntimeFailure("save_checkpoint: params/momentum must hold " + std::to_string(kParamCount) + " floats");
+  const int buffers = has_state(checkpoint) ? state_buffers(checkpoint.optimizer) : 0;
+  bool sizes_ok = checkpoint.params.size() == kParamCount;
+  for (int b = 0; b < 2; ++b) sizes_ok = sizes_ok && buffer_of(checkpoint, b).size() == (b < buffers ? kParamCount : 0);
+  if (!sizes_ok)
+    throw RuntimeFailure("save_checkpoint: the parameters and each of the " + std::string(optimizer_name(checkpoint.optimizer)) +
+                         " optimizer's state buffers must hold " + std::to_string(kParamCount) + " floats");
   const std::string header = header_text(checkpoint);
   const std::uint64_t header_bytes = header.size();
   AtomicFile file(path);
   file.write(&header_bytes, sizeof header_bytes);
   file.write(header.data(), header.size());
-  file.write(checkpoint.params.data(), checkpoint.params.size() * sizeof(float));
-  if (!checkpoint.momentum.empty()) file.write(checkpoint.momentum.data(), checkpoint.momentum.size() * sizeof(float));
+  for (int b = -1; b < buffers; ++b) file.write(buffer_of(checkpoint, b).data(), kParamCount * sizeof(float));
   file.commit();
 }
 
@@ -215,13 +237,24 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
       !std::all_of(metadata->begin(), metadata->end(), [](const Json& v) { return v.is_string(); }))
     fail(path, "__metadata__ is not a map of strings");
   const auto version = metadata->find("format_version");
-  if (version == metadata->end() || *version != kFormatVersion)
+  const bool version_1 = version != metadata->end() && *version == "1";
+  if (version == metadata->end() || (*version != kFormatVersion && !version_1))
     fail(path, "unsupported format_version " + (version == metadata->end() ? "(none)" : version->dump()) +
-                   ", expected \"" + std::string(kFormatVersion) + "\"");
+                   ", expected \"" + std::string(kFormatVersion) + "\" or \"1\"");
 
-  const bool with_momentum = std::any_of(header.items().begin(), header.items().end(),
-                                         [](const auto& item) { return item.key().starts_with(kMomentumPrefix); });
-  const std::vector<Slot> expected = slots(with_momentum);
+  Checkpoint checkpoint;
+  if (const auto name = metadata->find("optimizer"); name != metadata->end()) {
+    const std::optional<OptimizerKind> kind = parse_optimizer(name->get<std::string>());
+    if (!kind) fail(path, "metadata 'optimizer' is " + name->dump() + ", not sgd, adam, adamw or adadelta");
+    checkpoint.optimizer = *kind;
+  }
+  const std::vector<std::string> prefixes =
+      version_1 ? std::vector<std::string>{std::string(kOldMomentumPrefix)} : state_prefixes(checkpoint.optimizer);
+  // The state is all of the optimizer's buffers or none: a file of parameters only.
+  const bool with_state = std::any_of(header.items().begin(), header.items().end(), [&](const auto& item) {
+    return std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return item.key().starts_with(p); });
+  });
+  const std::vector<Slot> expected = slots(with_state ? prefixes : std::vector<std::string>{});
   for (const auto& item : header.items()) {
     const std::string& name = item.key();  // not a structured binding: lambdas capture it
     if (name != "__metadata__" &&
@@ -249,7 +282,6 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
   if (covered != data_bytes)
     fail(path, "data section has " + std::to_string(data_bytes) + " bytes, the tensors cover " + std::to_string(covered));
 
-  Checkpoint checkpoint;
   checkpoint.epoch = metadata_number<std::uint32_t>(path, *metadata, "epoch");
   checkpoint.step = metadata_number<std::uint64_t>(path, *metadata, "step");
   checkpoint.seed = metadata_number<std::uint64_t>(path, *metadata, "seed");
@@ -268,15 +300,21 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
     if (*order != "shards") fail(path, "metadata 'sum_order' is " + order->dump() + ", not \"shards\"");
     checkpoint.shard_order = true;
   }
+  if (with_state) {
+    // Version 1 kept no count: its SGD buffer had started once a step was taken.
+    checkpoint.state.applied = version_1 ? checkpoint.step
+                                         : metadata_number<std::uint64_t>(path, *metadata, "optimizer_step");
+  }
   checkpoint.params.resize(kParamCount);
-  if (with_momentum) checkpoint.momentum.resize(kParamCount);
+  for (int b = 0; b < (with_state ? state_buffers(checkpoint.optimizer) : 0); ++b)
+    buffer_of(checkpoint, b).resize(kParamCount);
   for (std::size_t i = 0; i < expected.size(); ++i) {
-    float* out = (expected[i].momentum ? checkpoint.momentum : checkpoint.params).data() + expected[i].param->offset;
+    float* out = buffer_of(checkpoint, expected[i].buffer).data() + expected[i].param->offset;
     std::memcpy(out, data + extents[i].begin, extents[i].end - extents[i].begin);
   }
   // A model that diverged must not be trained on as if it had not.
   for (const Slot& s : expected) {
-    const float* v = (s.momentum ? checkpoint.momentum : checkpoint.params).data() + s.param->offset;
+    const float* v = buffer_of(checkpoint, s.buffer).data() + s.param->offset;
     const auto bad = std::find_if(v, v + s.param->count, [](float x) { return !std::isfinite(x); });
     if (bad != v + s.param->count)
       fail(path, "tensor '" + s.name + "' holds a non-finite value at element " + std::to_string(bad - v));

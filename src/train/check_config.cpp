@@ -22,6 +22,24 @@ void check_rate(double value, const char* name, const char* input) {
   }
 }
 
+// torch.optim's own checks: rates >= 0, betas in [0, 1), Nesterov with momentum.
+void check_optimizer(const OptimizerOptions& o) {
+  check_rate(o.lr, "learning rate", "optimizer.lr");
+  check_rate(o.momentum, "momentum", "optimizer.momentum");
+  check_rate(o.weight_decay, "weight decay", "optimizer.weight_decay");
+  check_rate(o.eps, "epsilon", "optimizer.eps");
+  const bool sgd = o.kind == OptimizerKind::kSgd;
+  if (!sgd && o.momentum != 0)
+    throw InputError("momentum is SGD's: the " + std::string(optimizer_name(o.kind)) + " optimizer has none",
+                     "optimizer.momentum");
+  if (o.nesterov && (!sgd || !(o.momentum > 0)))
+    throw InputError("Nesterov momentum needs the sgd optimizer and a momentum above 0", "optimizer.nesterov");
+  for (const double beta : {o.beta1, o.beta2})
+    if (!(beta >= 0 && beta < 1))
+      throw InputError("beta " + show(beta) + " must be at least 0 and below 1", "optimizer.betas");
+  if (!(o.rho >= 0 && o.rho <= 1)) throw InputError("rho " + show(o.rho) + " must be between 0 and 1", "optimizer.rho");
+}
+
 void check_rank(const char* what, int rank, std::size_t world, const char* input) {
   if (rank < 0 || rank >= static_cast<int>(world)) {
     throw InputError(std::string(what) + ": no rank " + std::to_string(rank) + " among " + std::to_string(world),
@@ -34,9 +52,16 @@ void check_rank(const char* what, int rank, std::size_t world, const char* input
 void check_train_config(const TrainConfig& config) {
   if (config.devices.empty()) throw InputError("no device to train on", "devices");
   if (config.batch == 0) throw InputError("batch size 0 must be positive", "batch");
-  check_rate(config.sgd.lr, "learning rate", "sgd.lr");
-  check_rate(config.sgd.momentum, "momentum", "sgd.momentum");
-  check_rate(config.sgd.weight_decay, "weight decay", "sgd.weight_decay");
+  check_optimizer(config.optimizer);
+  check_schedule(config.schedule);
+  if (config.target_accuracy && !(*config.target_accuracy > 0 && *config.target_accuracy <= 1))
+    throw InputError("target accuracy " + show(*config.target_accuracy * 100) + "% must be above 0% and at most 100%",
+                     "target_accuracy");
+  if (config.target_accuracy && !config.evaluate)
+    throw InputError("a target accuracy needs the test set evaluated", "target_accuracy");
+  if (config.eval_every > 0 && !config.target_accuracy)
+    throw InputError("evaluating every " + std::to_string(config.eval_every) + " steps needs a target accuracy",
+                     "eval_every");
   if (!(config.bucket_mb > 0) || !std::isfinite(config.bucket_mb)) {
     throw InputError("bucket cap " + show(config.bucket_mb) + " MiB must be a positive number", "bucket_mb");
   }

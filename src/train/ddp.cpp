@@ -19,6 +19,7 @@
 #include "run.hpp"
 #include "step_graphs.hpp"
 #include "step_timer.hpp"
+#include "target.hpp"
 
 namespace mnist_mt {
 namespace {
@@ -35,6 +36,7 @@ class DdpWorker {
         timer_(device_, rank, run.trace ? &*run.trace : nullptr),
         graphs_(device_, comm_),
         guard_(run.update_guard(comm_)),
+        target_(run.config),
         first_shard_(run.first_shard(rank) - run.first_shard(0)),
         batches_(run.shard_count(rank)),
         kept_(run.shard_count(rank) - 1) {}
@@ -63,21 +65,24 @@ class DdpWorker {
   }
 
  private:
-  // World rank 0's parameters reach every rank; momentum is the same everywhere already.
+  // World rank 0's parameters reach every rank; the optimizer's state is the same
+  // everywhere already.
   void start() {
     if (rank_ == 0) replica_->write_params(run_.start.params);  // world rank 0 is the broadcast's root
-    if (!run_.start.momentum.empty()) replica_->write_momentum(run_.start.momentum);
+    if (!run_.start.state.first.empty()) replica_->write_state(run_.start.state);
     device_.comm_wait_compute();
     comm_.broadcast(replica_->params(), kParamCount, 0);
     device_.compute_wait_comm();
   }
 
-  // False when a stop request ended the run inside this epoch.
+  // False when a stop request ended the run inside this epoch, or it reached the target
+  // accuracy.
   bool train_epoch(std::uint32_t epoch) {
     const DropoutKey key{run_.start.seed, epoch};
     EpochMetrics m;
     m.epoch = epoch + 1;
     StepStats train;
+    std::uint32_t epoch_step = 0;  // where the target was reached in the epoch; 0: at its end
     {
       const auto lease = run_.loaders.acquire(epoch, true);
       const std::uint32_t first = run_.first_step(epoch);
@@ -86,23 +91,33 @@ class DdpWorker {
       const bool done = run_.train_steps(
           rank_, m, first, run_.steps_in_epoch(lease.loader().steps()), rank0, step_, train,
           [&](PhaseSeconds& phase) {
+            target_.step_started();
             run_.inject_fault(rank_, step_);
             step(lease.loader(), key, phase);
             ++step_;
           },
-          [&](bool wait) { read(m, train, wait); });
+          [&](bool wait) { read(m, train, wait); },
+          [&] {
+            const double began = steady_seconds();
+            const StepStats test = world_test(key);
+            if (rank0 != nullptr) run_.progress.evaluation(step_, test.correct / test.samples);
+            return target_.evaluated(m, test, began, step_);
+          });
       m.skipped_steps = train.skipped;
       if (!done) {
         if (rank0 != nullptr) run_.end_interrupted(*replica_, epoch, first + static_cast<std::uint32_t>(m.steps), step_);
         return false;
       }
+      if (target_.reached()) epoch_step = first + static_cast<std::uint32_t>(m.steps);
     }
+    // The epoch's end: its test stats, unless the target was reached inside it.
+    const double began = steady_seconds();
     run_.beat(rank_, step_, Phase::kEvaluate);
-    const StepStats test = run_.config.evaluate ? evaluate(key) : StepStats{};
+    const bool evaluate_now = run_.config.evaluate && !target_.reached();
+    const StepStats test = evaluate_now ? evaluate(key) : StepStats{};
     std::array<double, 6> sums{train.loss_sum, train.correct, train.samples, test.loss_sum, test.correct, test.samples};
     run_.beat(rank_, step_, Phase::kCommWait);
     comm_.allreduce_host(sums);
-    if (run_.global(rank_) != 0) return true;
     const auto world_stats = [&](std::size_t at) {  // the world's sums from sums[at]
       StepStats s;
       s.loss_sum = sums[at];
@@ -110,9 +125,26 @@ class DdpWorker {
       s.samples = sums[at + 2];
       return s;
     };
-    set_results(m, world_stats(0), world_stats(3));
-    run_.end_epoch(m, *replica_, step_);
-    return true;
+    if (evaluate_now) target_.evaluated(m, world_stats(3), began, step_);
+    const bool go_on = !target_.reached();
+    if (run_.global(rank_) != 0) return go_on;
+    set_results(m, world_stats(0), target_.reached() && epoch_step != 0 ? target_.reached_test() : world_stats(3));
+    run_.end_epoch(m, *replica_, step_, epoch_step);
+    return go_on;
+  }
+
+  // The world's test stats: each rank evaluates its shard, the sums are exchanged.
+  StepStats world_test(const DropoutKey& key) {
+    run_.beat(rank_, step_, Phase::kEvaluate);
+    const StepStats mine = evaluate(key);
+    std::array<double, 3> sums{mine.loss_sum, mine.correct, mine.samples};
+    run_.beat(rank_, step_, Phase::kCommWait);
+    comm_.allreduce_host(sums);
+    StepStats world;
+    world.loss_sum = sums[0];
+    world.correct = sums[1];
+    world.samples = sums[2];
+    return world;
   }
 
   // A resumed epoch: the batches of the steps the checkpoint has taken already.
@@ -145,6 +177,8 @@ class DdpWorker {
     run_.inject_stall(rank_, step_, StallPhase::kCompute);
     run_.inject_nan(rank_, step_, *replica_);
     replica_->set_input(*batches_[0]);
+    update_ = run_.update_options(step_);
+    replica_->set_update_values(update_);
     // The host's part of the step ends here when a recording of it is replayed: a rank
     // that never joins the step's allreduces stalls before enqueueing any of its work.
     run_.beat(rank_, step_, Phase::kCollective);
@@ -192,7 +226,7 @@ class DdpWorker {
     timer_.end_comm_wait();
     // Every rank's gradients reach every replica: a non-finite loss or norm anywhere
     // would be a non-finite model everywhere, so the device drops the update itself.
-    replica_->guarded_sgd_step(run_.config.sgd, guard_);
+    replica_->guarded_update(update_, guard_);
     timer_.end_step();
   }
 
@@ -244,6 +278,8 @@ class DdpWorker {
   StepTimer timer_;
   StepGraphs graphs_;  // after replica_: its recordings are released first
   const UpdateGuard guard_;
+  OptimizerOptions update_;  // the step's, with the schedule's values
+  TargetWatch target_;
   std::optional<std::uint64_t> unread_;  // the snapshot the next read() reads
   // This rank's first shard as the loader numbers them: from this process's first.
   const std::uint32_t first_shard_;

@@ -22,13 +22,14 @@
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "run.hpp"
+#include "target.hpp"
 
 namespace mnist_mt {
 namespace {
 
 class DpLoop {
  public:
-  explicit DpLoop(Run& run) : run_(run), step_(run.start.step) {}
+  explicit DpLoop(Run& run) : run_(run), step_(run.start.step), target_(run.config) {}
 
   void operator()() noexcept {
     try {
@@ -43,7 +44,7 @@ class DpLoop {
       batch_.indices.resize(global);
       on(0);
       replicas_[0]->write_params(run_.start.params);
-      if (!run_.start.momentum.empty()) replicas_[0]->write_momentum(run_.start.momentum);
+      if (!run_.start.state.first.empty()) replicas_[0]->write_state(run_.start.state);
       for (std::uint32_t epoch = run_.start.epoch; epoch < run_.last_epoch(); ++epoch) {
         if (!train_epoch(epoch)) break;
       }
@@ -119,13 +120,14 @@ class DpLoop {
     for (int d = 0; d < run_.ranks(); ++d) on(d).compute_wait_comm();
   }
 
-  // False when a stop request ended the run inside this epoch. The watchdog sees the
-  // one host thread as rank 0.
+  // False when a stop request ended the run inside this epoch, or it reached the target
+  // accuracy. The watchdog sees the one host thread as rank 0.
   bool train_epoch(std::uint32_t epoch) {
     const DropoutKey key{run_.start.seed, epoch};
     EpochMetrics m;
     m.epoch = epoch + 1;
     StepStats train;
+    std::uint32_t epoch_step = 0;  // where the target was reached in the epoch; 0: at its end
     {
       Loader loader(run_.data.train, run_.loaders.options(epoch, true));
       const std::uint32_t first = run_.first_step(epoch);
@@ -136,22 +138,40 @@ class DpLoop {
       const bool done = run_.train_steps(
           0, m, first, run_.steps_in_epoch(loader.steps()), replicas_[0].get(), step_, train,
           [&](PhaseSeconds& phase) {
+            target_.step_started();
             const std::optional<StepStats> stats = step(loader, key, phase);
             ++step_;
             if (!stats) ++m.skipped_steps;
             train += stats.value_or(StepStats{});
           },
-          [](bool) {});
+          [](bool) {},
+          [&] {
+            const double began = steady_seconds();
+            run_.beat(0, step_, Phase::kEvaluate);
+            const StepStats test = evaluate(key);
+            run_.progress.evaluation(step_, test.correct / test.samples);
+            return target_.evaluated(m, test, began, step_);
+          });
       if (!done) {
         on(0);
         run_.end_interrupted(*replicas_[0], epoch, first + static_cast<std::uint32_t>(m.steps), step_);
         return false;
       }
+      if (target_.reached()) epoch_step = first + static_cast<std::uint32_t>(m.steps);
     }
-    run_.beat(0, step_, Phase::kEvaluate);
-    set_results(m, train, run_.config.evaluate ? evaluate(key) : StepStats{});
-    run_.end_epoch(m, *replicas_[0], step_);
-    return true;
+    // The epoch's end: its test stats, unless the target was reached inside it.
+    StepStats test;
+    if (target_.reached()) {
+      test = target_.reached_test();
+    } else if (run_.config.evaluate) {
+      const double began = steady_seconds();
+      run_.beat(0, step_, Phase::kEvaluate);
+      test = evaluate(key);
+      target_.evaluated(m, test, began, step_);
+    }
+    set_results(m, train, test);
+    run_.end_epoch(m, *replicas_[0], step_, epoch_step);
+    return !target_.reached();
   }
 
   // Empty when the step's update was dropped (NanPolicy::kSkip).
@@ -215,7 +235,7 @@ class DpLoop {
     run_.beat(0, step_, Phase::kOptimizer);
     on(0).compute_wait_comm();
     const bool apply = run_.apply_update(0, stats.loss_sum, reduced_grad_norm(*run_.comms[0], *replicas_[0]));
-    if (apply) replicas_[0]->sgd_step(run_.config.sgd);
+    if (apply) replicas_[0]->update(run_.update_options(step_));
     for (int d = 0; d < world; ++d) run_.undo_nan(d, step_, *replicas_[d]);
     on(0).wait_compute();
     phase.optimizer += clock.lap();
@@ -288,6 +308,7 @@ class DpLoop {
 
   Run& run_;
   std::uint64_t step_;
+  TargetWatch target_;
   int rank_ = 0;  // the device being driven
   std::vector<std::unique_ptr<Replica>> replicas_;
   Batch batch_;                       // the step's global batch, as device 0 gets it

@@ -44,8 +44,15 @@ void MetricsFile::write(const EpochMetrics& m) {
         {"broadcast", m.phase_seconds.broadcast},
         {"gather", m.phase_seconds.gather},
         {"host_launch", m.phase_seconds.host_launch}}},
+      {"eval_seconds", m.eval_seconds},
   };
-  text_ += line.dump() + '\n';
+  nlohmann::ordered_json out = line;
+  if (m.time_to_target_s) {
+    out["time_to_target_s"] = *m.time_to_target_s;
+    out["target_eval_seconds"] = *m.target_eval_seconds;
+    out["target_step"] = *m.target_step;
+  }
+  text_ += out.dump() + '\n';
   write_file_atomically(path_, {reinterpret_cast<const std::uint8_t*>(text_.data()), text_.size()});
 }
 

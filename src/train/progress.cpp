@@ -73,6 +73,14 @@ void Progress::step(std::uint32_t done, double loss) {
   }
 }
 
+void Progress::evaluation(std::uint64_t step, double accuracy) {
+  if (out_ == nullptr) return;
+  if (line_open_) *out_ << '\n';
+  line_open_ = false;
+  *out_ << format("step %llu: test accuracy %.2f%%", static_cast<unsigned long long>(step), 100.0 * accuracy)
+        << std::endl;
+}
+
 void Progress::end_epoch(const EpochMetrics& m) {
   if (out_ == nullptr) return;
   if (line_open_) *out_ << '\n';
@@ -93,6 +101,13 @@ void Progress::end_epoch(const EpochMetrics& m) {
                     static_cast<unsigned long long>(m.steps));
   }
   *out_ << std::endl;
+  if (m.time_to_target_s) {
+    *out_ << format("target reached: test accuracy %.2f%% at step %llu, %.2f s after the first step (%.2f s of it "
+                    "evaluating)",
+                    100.0 * m.test_accuracy, static_cast<unsigned long long>(*m.target_step), *m.time_to_target_s,
+                    *m.target_eval_seconds)
+          << std::endl;
+  }
 }
 
 }  // namespace mnist_mt

@@ -19,6 +19,8 @@ class Progress {
   void start_epoch(std::uint32_t epoch, std::uint32_t steps, std::uint32_t first = 0);
   // After `done` steps of the epoch; `loss`: mean training loss so far.
   void step(std::uint32_t done, double loss);
+  // A test-set evaluation inside an epoch (--eval-every) after global step `step`.
+  void evaluation(std::uint64_t step, double accuracy);
   void end_epoch(const EpochMetrics& m);
 
  private:

@@ -49,6 +49,11 @@ void check_position(const Checkpoint& c, const TrainConfig& config, const Datase
                          std::to_string(c.epoch + 1) + ", is past the end of an epoch of " +
                          std::to_string(per_epoch) + " steps of " + std::to_string(global) + " images",
                      "load");
+  if (!c.state.first.empty() && c.optimizer != config.optimizer.kind)
+    throw InputError(file + " holds the state of the " + std::string(optimizer_name(c.optimizer)) +
+                         " optimizer, this run's is " + std::string(optimizer_name(config.optimizer.kind)) +
+                         ": resume it with the same optimizer",
+                     "load");
   const std::uint64_t left = config.epochs > c.epoch ? std::uint64_t{config.epochs - c.epoch} * per_epoch : 0;
   if (c.step > std::numeric_limits<std::uint64_t>::max() - left)
     throw InputError(file + ": its step count, " + std::to_string(c.step) + ", leaves no room for the " +
@@ -88,7 +93,7 @@ Place place_of(const TrainConfig& config) {
   return place;
 }
 
-// The checkpoint's parameters, momentum and loop state (its seed too, so that a resumed
+// The checkpoint's parameters, optimizer state and loop state (its seed too, so that a resumed
 // run draws what an uninterrupted one would), or fresh parameters from the seed.
 Checkpoint starting_point(const TrainConfig& config, const Dataset& data, int world) {
   check(config, data, world);
@@ -227,6 +232,7 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
       loaders(data, train_shards(), test_shards(), start.seed, static_cast<std::uint32_t>(devices.size())),
       progress(config.progress, std::uint64_t{config.batch} * static_cast<std::uint64_t>(place.world)),
       saver_(config.keep),
+      schedule_(config.schedule, config.optimizer, steps_in_epoch(training_steps()), config.epochs),
       started_(devices.size(), 0) {
   // World rank 0's process writes the files and speaks.
   if (!layout.note.empty() && config.progress != nullptr && place.process() == 0)
@@ -300,6 +306,10 @@ bool Run::stop_before(int rank, std::uint64_t step) {
     stop_at_ = *std::max_element(started_.begin(), started_.end()) + 1;
   }
   return step >= stop_at_;
+}
+
+std::uint32_t Run::training_steps() const {
+  return static_cast<std::uint32_t>(data.train.size() / (std::uint64_t{shard_batch()} * shards()));
 }
 
 std::uint32_t Run::steps_in_epoch(std::uint32_t loader_steps) const {
@@ -426,9 +436,10 @@ UpdateGuard Run::update_guard(Communicator& comm) const {
 
 bool Run::train_steps(int rank, EpochMetrics& m, std::uint32_t first, std::uint32_t steps, Replica* rank0,
                       std::uint64_t& global, const StepStats& total, const std::function<void(PhaseSeconds&)>& step,
-                      const std::function<void(bool wait)>& read) {
+                      const std::function<void(bool wait)>& read, const std::function<bool()>& evaluate) {
   if (rank0 != nullptr) progress.start_epoch(m.epoch, steps, first);
   Stopwatch clock;
+  double evaluating = 0;  // inside the epoch (eval_every), left out of its training time
   bool done = true;
   std::uint32_t k = first;
   for (; k < steps; ++k) {
@@ -444,10 +455,20 @@ bool Run::train_steps(int rank, EpochMetrics& m, std::uint32_t first, std::uint3
       if (rank0 != nullptr && total.samples > 0 && k + 1 < steps) progress.step(k + 1, total.loss_sum / total.samples);
     }
     if (rank0 != nullptr && save_now) save(*rank0, m.epoch - 1, k + 1, global, *config.save);
+    if (config.target_accuracy && config.eval_every > 0 && global % config.eval_every == 0 && k + 1 < steps) {
+      read(true);
+      const double began = steady_seconds();
+      const bool reached = evaluate();
+      evaluating += steady_seconds() - began;
+      if (reached) {
+        ++k;
+        break;
+      }
+    }
   }
   read(true);
   if (rank0 != nullptr && done && total.samples > 0) progress.step(k, total.loss_sum / total.samples);
-  m.seconds = clock.lap();
+  m.seconds = clock.lap() - evaluating;
   return done;
 }
 
@@ -456,9 +477,10 @@ void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, 
   beat(0, step, Phase::kSave);
   Checkpoint checkpoint;
   checkpoint.params.resize(kParamCount);
-  checkpoint.momentum.resize(kParamCount);
   replica.read_params(checkpoint.params);
-  replica.read_momentum(checkpoint.momentum);
+  checkpoint.optimizer = config.optimizer.kind;
+  checkpoint.state = replica.read_state();
+  if (state_buffers(checkpoint.optimizer) < 2) checkpoint.state.second.clear();
   checkpoint.epoch = epoch;
   checkpoint.epoch_step = epoch_step;
   checkpoint.step = step;
@@ -469,12 +491,17 @@ void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, 
   saver_.save(path, checkpoint);
 }
 
-void Run::end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step) {
+void Run::end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step, std::uint32_t epoch_step) {
   m.peak_rss_bytes = peak_rss_bytes();
   result.epochs.push_back(m);
   if (metrics_) metrics_->write(m);
   progress.end_epoch(m);
-  if (config.save) save(replica, m.epoch, 0, step, *config.save);
+  if (!config.save) return;
+  if (epoch_step == 0) {
+    save(replica, m.epoch, 0, step, *config.save);
+  } else {
+    save(replica, m.epoch - 1, epoch_step, step, *config.save);
+  }
 }
 
 void Run::end_interrupted(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step) {

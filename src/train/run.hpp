@@ -16,6 +16,7 @@
 #include "metrics.hpp"
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"
+#include "mnist_mt/schedule.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "progress.hpp"
 #include "saver.hpp"
@@ -81,6 +82,10 @@ class Run {
   int global(int rank) const { return place.first_rank + rank; }
   std::uint32_t last_epoch() const { return config.epochs; }
   std::uint32_t steps_in_epoch(std::uint32_t loader_steps) const;
+  // The update of global step `step`: the optimizer's options with the schedule's values.
+  OptimizerOptions update_options(std::uint64_t step) const {
+    return with_values(config.optimizer, schedule_.at(step));
+  }
   // Every batch size `rank` will meet: the training batch and the last, smaller
   // evaluation batch, for Replica::prepare().
   std::vector<std::uint32_t> batch_sizes(int rank) const;
@@ -105,7 +110,7 @@ class Run {
   // After the gradients are reduced, which leaves every rank with the same bits and so
   // the same norm: whether to apply the step's update. See NanPolicy.
   bool apply_update(int rank, double loss_sum, double grad_norm) const;
-  // A DDP worker that read a step its device dropped (Replica::guarded_sgd_step) from its
+  // A DDP worker that read a step its device dropped (Replica::guarded_update) from its
   // stats; every rank reads a dropped norm at the same step. Throws what ends the run,
   // if it ends: with --on-nan stop the ranks agree (through `comm`) on one report, the
   // lowest rank whose own loss was non-finite, else rank 0 for the norm.
@@ -120,15 +125,18 @@ class Run {
   // times to the phases and advancing `global`), and `read(wait)` every kReadEvery
   // steps, before each save (wait: true) and once at the end (true): the caller adds its
   // stats to `total` and m's phases there. `rank0` (rank 0's replica, null elsewhere)
-  // shows progress and saves every save_every steps. Times the epoch into m. Returns
-  // false when a stop request ended the epoch early, which happens at the same global
-  // step on every rank.
+  // shows progress and saves every save_every steps. With a target accuracy and
+  // eval_every, `evaluate` runs after every eval_every-th global step but an epoch's last
+  // (after read(true)), and its true, the target reached, ends the epoch there. Times the
+  // epoch into m. Returns false when a stop request ended the epoch early, which happens
+  // at the same global step on every rank.
   bool train_steps(int rank, EpochMetrics& m, std::uint32_t first, std::uint32_t steps, Replica* rank0, std::uint64_t& global,
                    const StepStats& total, const std::function<void(PhaseSeconds&)>& step,
-                   const std::function<void(bool wait)>& read);
-  // Rank 0 at the end of an epoch: records, prints and writes the metrics, saves the
-  // checkpoint.
-  void end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step);
+                   const std::function<void(bool wait)>& read, const std::function<bool()>& evaluate);
+  // Rank 0 at the end of an epoch, or where the target accuracy was reached in it
+  // (`epoch_step` steps into it, 0: at its end): records, prints and writes the metrics,
+  // saves the checkpoint at that position.
+  void end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step, std::uint32_t epoch_step = 0);
   // Rank 0 after a stop request: saves where the run stands and records it.
   void end_interrupted(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step);
 
@@ -144,7 +152,7 @@ class Run {
   const Dataset& data;
   const TrainConfig& config;
   const Place place;  // this process's ranks in the world
-  Checkpoint start;  // parameters, momentum and loop state to start from
+  Checkpoint start;  // parameters, optimizer state and loop state to start from
   const ShardLayout layout;
   std::vector<std::unique_ptr<Device>> devices;
   std::vector<std::unique_ptr<Communicator>> comms;
@@ -164,6 +172,8 @@ class Run {
   // one step past the furthest any rank has started: hosts run ahead of their devices,
   // and so of each other, but none past a step that every rank will start.
   bool stop_before(int rank, std::uint64_t step);
+  // An epoch's steps, as the training loader makes them (drop_last), before max_steps.
+  std::uint32_t training_steps() const;
   // The place for the communicators: each rank's shard count, when not one each.
   Place sharded_place() const;
   // The loaders' shards: training's by the layout, evaluation's a rank each.
@@ -180,6 +190,7 @@ class Run {
 
   std::optional<MetricsFile> metrics_;
   Saver saver_;
+  const Schedule schedule_;
   std::vector<float> nan_clean_;  // the injected NaN's rank's parameters before it (that rank's thread only)
   static constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
   std::mutex stop_mutex_;  // guards stop_at_ and started_

@@ -41,7 +41,7 @@ std::vector<std::filesystem::path> numbered_checkpoints(const std::filesystem::p
 }
 
 void Saver::save(const std::filesystem::path& path, const Checkpoint& checkpoint) {
-  if (!finite(checkpoint.params) || !finite(checkpoint.momentum)) {
+  if (!finite(checkpoint.params) || !finite(checkpoint.state.first) || !finite(checkpoint.state.second)) {
     throw RuntimeFailure("the model holds a non-finite value at step " + std::to_string(checkpoint.step) +
                          "; not saved, " + path.string() + " keeps the last good checkpoint");
   }

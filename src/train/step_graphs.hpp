@@ -5,8 +5,8 @@
 // freezes the values the step's calls were given, so it is replayed only under the same
 // key; what changes from step to step lives on the device: the input (in the buffer
 // set_input() filled, part of the key) with its epoch, which keys the dropout masks, the
-// update's step (the replica counts its updates) and whether the momentum buffer has
-// started. So a run records two steps, its first two, one per input buffer. Every rank
+// update's step and the updates applied (the replica counts them), and the schedule's
+// learning rate and momentum (Replica::set_update_values). So a run records two steps, its first two, one per input buffer. Every rank
 // records, or none: whether a collective is captured must be the same on every rank of
 // an NCCL communicator.
 #include <array>

@@ -104,7 +104,7 @@ void trace(const Options& o) {
       save_params(o.out / "grads.safetensors", std::move(grads), o.seed);
     }
     losses.push_back(replica->take_stats().loss_sum / b.size);
-    replica->sgd_step({o.lr, o.momentum, 0.0f});
+    replica->update(OptimizerOptions{o.lr, o.momentum, 0.0});
     write_masks(masks, b, o.seed);
   }
   devices[0]->synchronize();
