@@ -1,5 +1,5 @@
 #pragma once
-// safetensors checkpoints (DESIGN.md decision 8): the parameters under PyTorch's names
+// safetensors checkpoints (docs/architecture.md decision 13): the parameters under PyTorch's names
 // and shapes, so torch loads them as they are; momentum as "momentum.<name>"; the loop
 // state in the metadata. Writes are atomic.
 #include <cstdint>
