@@ -37,7 +37,7 @@ namespace mnist_mt {
 namespace {
 
 constexpr std::uint32_t kBatches[] = {4, 64, 256};
-constexpr double kTrainFlopPerImage = 71.6e6;  // forward + backward, DESIGN.md
+constexpr double kTrainFlopPerImage = 71.6e6;  // forward + backward, docs/architecture.md
 
 // Single-thread sgemm (oneDNN's, at the process's ISA) on a device's compute thread, which
 // runs oneDNN with one thread: the best of a few 1024^3 products, in FLOP/s. Measured once.

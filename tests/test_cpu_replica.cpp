@@ -180,7 +180,7 @@ TEST_F(ReplicaTest, OptimizersTrainAsTorchOptim) {
   }
 }
 
-// ---- A float64 reference of the network, written from its definition (DESIGN.md). ----
+// ---- A float64 reference of the network, written from its definition (docs/architecture.md). ----
 
 struct RefSample {
   std::vector<double> x;  // 28x28, normalised with the fp32 operations of ToTensor + Normalize
@@ -482,7 +482,7 @@ TEST_F(ReplicaTest, BackwardOverwritesGradients) {
 }
 
 // A smaller batch (the last one of an evaluation) gets its own primitives; each sample's
-// outputs do not depend on the batch it came in, dropout included (DESIGN.md decision 5).
+// outputs do not depend on the batch it came in, dropout included (docs/architecture.md decision 9).
 TEST_F(ReplicaTest, SmallerBatchesGiveTheSameSamples) {
   auto replica = make_cpu_replica(device_, 6);
   replica->write_params(initial_params(5));

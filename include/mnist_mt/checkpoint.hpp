@@ -1,5 +1,5 @@
 #pragma once
-// safetensors checkpoints (DESIGN.md decision 8): the parameters under PyTorch's names
+// safetensors checkpoints (docs/architecture.md decision 13): the parameters under PyTorch's names
 // and shapes, so torch loads them as they are; the optimizer's state buffers as
 // "<PyTorch's state name>.<name>" (momentum_buffer, exp_avg, exp_avg_sq, square_avg,
 // acc_delta); the optimizer, its updates applied and the loop state in the metadata.

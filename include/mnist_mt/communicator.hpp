@@ -1,5 +1,5 @@
 #pragma once
-// Collectives among the ranks of one process (DESIGN.md decision 1). Every call is
+// Collectives among the ranks of one process (docs/architecture.md decision 1). Every call is
 // enqueued on the calling rank's comm stream and returns at once; buffers are device
 // buffers of that rank and must stay untouched until the comm stream passes the call.
 // Every rank issues the same collectives in the same order.

@@ -1,6 +1,6 @@
 #pragma once
 // A device as the trainer sees it: an in-order compute stream and an in-order comm
-// stream (DESIGN.md decisions 1 and 2). Replicas enqueue on the compute stream,
+// stream (docs/architecture.md decisions 1 and 2). Replicas enqueue on the compute stream,
 // communicators on the comm stream; these calls order one against the other, as CUDA
 // events do, without blocking the host.
 #include <cstddef>
@@ -31,7 +31,7 @@ struct TimeMark {
   std::uint64_t id = 0;
 };
 
-// A step's work recorded once and run again by Device::replay() (DESIGN.md decision 11):
+// A step's work recorded once and run again by Device::replay() (docs/architecture.md decision 4):
 // on GPUs a CUDA graph. Released before the device and its communicator.
 class RecordedStep {
  public:
@@ -71,8 +71,8 @@ class Device {
   virtual std::optional<double> elapsed(const TimeMark& from, const TimeMark& to) = 0;
   static constexpr std::size_t kMarks = 1024;
 
-  // Events and the few operations a collective needs on the device (DESIGN.md decision
-  // 15; src/comm/local_group.hpp): a rank meets its peers on the host, and the devices
+  // Events and the few operations a collective needs on the device (docs/architecture.md decision
+  // 3; src/comm/local_group.hpp): a rank meets its peers on the host, and the devices
   // order the work by events already recorded, so no stream ever waits on the host.
   // Every call enqueues on `lane` and returns at once.
   virtual std::unique_ptr<DeviceEvent> make_event() = 0;

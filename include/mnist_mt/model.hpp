@@ -1,5 +1,5 @@
 #pragma once
-// The template's network (DESIGN.md): its parameters in PyTorch state-dict order,
+// The template's network (docs/architecture.md): its parameters in PyTorch state-dict order,
 // each a view into one flat buffer.
 #include <array>
 #include <cstddef>

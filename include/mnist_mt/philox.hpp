@@ -39,7 +39,7 @@ MNIST_MT_HD float uniform01(std::uint32_t bits) {
 enum class RandomStream : std::uint32_t { kInit = 0x1A17u, kDropout0 = 0xD0u, kDropout1 = 0xD1u };
 
 // Dropout keep decision for element `element` of sample `sample` (global index in the
-// training set) in dropout layer `stream`, epoch `epoch`: DESIGN.md decision 5. Never
+// training set) in dropout layer `stream`, epoch `epoch`: docs/architecture.md decision 9. Never
 // depends on the rank, so N ranks x batch B draw the masks of 1 rank x batch N*B.
 MNIST_MT_HD bool dropout_keep(std::uint64_t seed, std::uint32_t epoch, std::uint32_t sample,
                               RandomStream stream, std::uint32_t element, float p) {

@@ -1,6 +1,6 @@
 #pragma once
 // The processes of a run launched by MPI (`mpirun`, `srun`), each with its own devices as
-// ranks (DESIGN.md decision 13): the world is every rank of every process, numbered
+// ranks (docs/architecture.md decision 11): the world is every rank of every process, numbered
 // process-major. Without a launcher there is one process and no Processes object.
 #include <cstddef>
 #include <functional>

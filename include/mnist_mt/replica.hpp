@@ -1,5 +1,5 @@
 #pragma once
-// One device's copy of the network (DESIGN.md decision 1). Each call enqueues work on
+// One device's copy of the network (docs/architecture.md decision 1). Each call enqueues work on
 // the device's compute stream and returns; only take_stats() and the read_/write_
 // calls wait for the device.
 #include <cstdint>
@@ -13,7 +13,7 @@
 
 namespace mnist_mt {
 
-// Identifies the dropout masks of a forward pass (DESIGN.md decision 5).
+// Identifies the dropout masks of a forward pass (docs/architecture.md decision 9).
 struct DropoutKey {
   std::uint64_t seed = 0;
   std::uint32_t epoch = 0;

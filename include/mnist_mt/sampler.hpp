@@ -1,5 +1,5 @@
 #pragma once
-// DistributedSampler semantics (DESIGN.md decision 4).
+// DistributedSampler semantics (docs/architecture.md decision 8).
 #include <cstdint>
 #include <span>
 #include <vector>

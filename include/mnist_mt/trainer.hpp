@@ -1,7 +1,7 @@
 #pragma once
 // Data-parallel training over a backend's devices: DDP (a worker thread per device,
 // bucketed allreduce overlapping backward) or the DataParallel-style baseline (one host
-// thread drives every device). DESIGN.md decisions 3, 4, 7, 9.
+// thread drives every device). docs/architecture.md decisions 7, 8, 12, 16.
 #include <atomic>
 #include <cstdint>
 #include <filesystem>

@@ -1,5 +1,5 @@
 #pragma once
-// The rule of every file a command writes (DESIGN.md decision 16), applied before any
+// The rule of every file a command writes (docs/architecture.md decision 14), applied before any
 // work: each output passes check_output (data/file_io.hpp) and is no other output's
 // file nor an input's, but a checkpoint may replace the checkpoint the run continues.
 // And the end of stdout, where the results go: a reader that stopped early is no failure.

@@ -1,5 +1,5 @@
 #pragma once
-// Collectives among ranks that share a device (DESIGN.md decision 15), written against
+// Collectives among ranks that share a device (docs/architecture.md decision 3), written against
 // Device alone, so that the same code serves CPU and CUDA devices.
 //
 // Each call meets the peers' calls on the host, in a rendezvous that abort() ends. A rank

@@ -1,5 +1,5 @@
 #pragma once
-// In-process collectives over shared memory (DESIGN.md decisions 1 and 6). The ranks'
+// In-process collectives over shared memory (docs/architecture.md decisions 1 and 10). The ranks'
 // communicators share one group; each collective runs on the calling rank's comm
 // stream, and the W comm-stream threads meet at an abortable barrier.
 #include <memory>

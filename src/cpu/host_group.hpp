@@ -1,6 +1,6 @@
 #pragma once
 // The ranks of one process meeting over host memory: an abortable barrier and the
-// collectives built on it (DESIGN.md decisions 1 and 6). The CPU communicator runs them
+// collectives built on it (docs/architecture.md decisions 1 and 10). The CPU communicator runs them
 // on its ranks' comm streams; the CUDA backend runs them on host threads for ranks that
 // share a GPU, through pinned staging buffers.
 #include <condition_variable>

@@ -18,7 +18,7 @@ void normalise_images(const std::uint8_t* pixels, std::size_t count, float* out)
 
 // Dropout in place on `batch` rows of `elements`: element e of row n is scaled by 1/(1-p)
 // when dropout_keep(key.seed, key.epoch, samples[n], stream, e, p), else zeroed (PyTorch's
-// train-mode Dropout with DESIGN.md decision 5's masks). e is PyTorch's flatten order.
+// train-mode Dropout with docs/architecture.md decision 9's masks). e is PyTorch's flatten order.
 void dropout_forward(const DropoutKey& key, const std::uint32_t* samples, std::uint32_t batch, RandomStream stream,
                      std::uint32_t elements, float p, float* x);
 

@@ -1,6 +1,6 @@
 #pragma once
 // An in-order queue of work run by a thread of its own: the CPU twin of a CUDA stream
-// (DESIGN.md decision 2). Tasks are numbered; a ticket is the number of tasks enqueued
+// (docs/architecture.md decision 2). Tasks are numbered; a ticket is the number of tasks enqueued
 // so far, and waiting for a ticket is the CPU twin of waiting for a CUDA event.
 #include <condition_variable>
 #include <cstdint>

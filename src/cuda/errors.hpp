@@ -1,5 +1,5 @@
 #pragma once
-// Checked calls into CUDA, cuDNN, cuBLAS and NCCL (DESIGN.md decision 9). One generator
+// Checked calls into CUDA, cuDNN, cuBLAS and NCCL (docs/architecture.md decision 16). One generator
 // behind all four: a failed call throws RuntimeFailure naming the library's message, the
 // expression, the function, file and line, and the current device.
 #include <cublas_v2.h>

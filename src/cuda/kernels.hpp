@@ -13,7 +13,7 @@ namespace mnist_mt::cuda {
 
 using StreamHandle = CUstream_st*;  // cudaStream_t
 
-// The dropout applied to a layer's output, keyed as DESIGN.md decision 5: the element of
+// The dropout applied to a layer's output, keyed as docs/architecture.md decision 9: the element of
 // row r is kept when dropout_keep(seed, epoch, samples[r], stream, element, p), element
 // being its index within the row (PyTorch's flatten order). p == 0: no dropout.
 struct DropoutArgs {

@@ -1,6 +1,6 @@
 #pragma once
 // Move-only owners of CUDA, cuDNN and cuBLAS handles and of device and pinned memory.
-// All of them are taken at setup (DESIGN.md decision 10). Destructors never throw; the
+// All of them are taken at setup (docs/architecture.md decision 5). Destructors never throw; the
 // owner of device objects makes their device current before they are released.
 #include <cstddef>
 #include <utility>

@@ -1,7 +1,7 @@
 #pragma once
 // Whole-file reads with a size bound, and atomic writes: a temp file beside the
-// target, fsync, rename, fsync of the directory (DESIGN.md decisions 8 and 14). Every
-// output follows one rule (decision 16): only our own regular files are replaced.
+// target, fsync, rename, fsync of the directory (docs/architecture.md decisions 13 and 15). Every
+// output follows one rule (decision 14): only our own regular files are replaced.
 #include <cstdint>
 #include <filesystem>
 #include <functional>

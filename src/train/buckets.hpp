@@ -1,5 +1,5 @@
 #pragma once
-// Gradient buckets (DESIGN.md decision 3): contiguous ranges of the flat gradient
+// Gradient buckets (docs/architecture.md decision 7): contiguous ranges of the flat gradient
 // buffer, filled in reverse layer order, each allreduced as soon as its last layer's
 // gradients are written.
 #include <cstddef>

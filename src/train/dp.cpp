@@ -1,4 +1,4 @@
-// The DataParallel baseline (DESIGN.md decision 7), as torch.nn.DataParallel does it from
+// The DataParallel baseline (docs/architecture.md decision 12), as torch.nn.DataParallel does it from
 // one host thread. Each step: the global batch to device 0; the parameters broadcast from
 // device 0 and the batch scattered from it; forward on every device; the outputs gathered
 // to device 0 and the loss of the global batch computed there; the output gradients

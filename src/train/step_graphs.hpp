@@ -1,5 +1,5 @@
 #pragma once
-// A DDP rank's training step recorded once and replayed (DESIGN.md decision 11): on GPUs
+// A DDP rank's training step recorded once and replayed (docs/architecture.md decision 4): on GPUs
 // one CUDA graph of everything the step enqueues after its input copy (forward, loss,
 // backward, each bucket's allreduce on the comm stream, the guarded update). A recording
 // freezes the values the step's calls were given, so it is replayed only under the same

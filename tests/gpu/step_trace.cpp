@@ -53,7 +53,7 @@ Batch batch_at(const Split& split, const std::vector<std::uint32_t>& order, std:
   return b;
 }
 
-// The masks the replica drew (DESIGN.md decision 5), computed again on the host.
+// The masks the replica drew (docs/architecture.md decision 9), computed again on the host.
 void write_masks(std::ofstream& out, const Batch& b, std::uint64_t seed) {
   std::vector<char> bytes;
   for (std::uint32_t n = 0; n < b.size; ++n) {
