@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs every test three times: a release build (with the CUDA
-# backend compiled and linked when the toolkit is present; its GPU tests skip without a
-# GPU), an ASan+UBSan build (all CPU tests) and a ThreadSanitizer build (the
-# multi-threaded tests: data, train), then the fuzz targets (scripts/fuzz.sh). Ends
-# with one line: "N passed, N failed".
+# Sets up, builds and runs the tests. Two tiers:
+#   scripts/test.sh           every test (CI's command): a release build (with the CUDA
+#                             backend compiled and linked when the toolkit is present; its
+#                             GPU tests skip without a GPU), an ASan+UBSan build (all CPU
+#                             tests) and a ThreadSanitizer build (the multi-threaded tests:
+#                             data, train), both without the benchmarks, then the fuzz
+#                             targets (scripts/fuzz.sh); prints the ten slowest tests.
+#   scripts/test.sh --quick   the release build's 'quick' suite: every test but the slow
+#                             reliability, MPI and repeated ones, for the inner loop.
+# Ends with one line: "N passed, N failed, N skipped".
 set -uo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+case "${1:-}" in
+  --quick) quick=1 ;;
+  "") ;;
+  *) echo "usage: scripts/test.sh [--quick]" >&2; exit 2 ;;
+esac
 scripts/setup.sh || exit 1
 
 passed=0 failed=0 skipped=0
@@ -40,16 +51,41 @@ PY
   passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 }
 
+# The ten slowest tests of the builds run, from meson's logs.
+slowest() {
+  python3 - "$@" <<'PY'
+import json, sys
+rows = []
+for path in sys.argv[1:]:
+    try:
+        for line in open(path):
+            r = json.loads(line)
+            rows.append((r["duration"], path.split("/")[0], r["name"], r["result"]))
+    except FileNotFoundError:
+        pass
+print("== the ten slowest tests")
+for duration, build, name, result in sorted(rows, reverse=True)[:10]:
+    print(f"{duration:8.1f} s  {build:10s} {name} ({result})")
+PY
+}
+
 # MPI is required here (setup.sh installs Open MPI), so that the multi-process tests run.
+if [ "$quick" -eq 1 ]; then
+  suite build "--buildtype=release -Dcuda=auto -Dmpi=enabled" "--suite quick"
+  slowest build/meson-logs/testlog.json
+  echo "$passed passed, $failed failed, $skipped skipped"
+  [ "$failed" -eq 0 ]
+  exit
+fi
 suite build "--buildtype=release -Dcuda=auto -Dmpi=enabled" ""
-suite build-asan "--buildtype=debugoptimized -Dcuda=disabled -Dmpi=enabled -Db_sanitize=address,undefined -Db_lundef=false" \
-  "--timeout-multiplier 4"
-suite build-tsan "--buildtype=debugoptimized -Dcuda=disabled -Dmpi=enabled -Db_sanitize=thread -Db_lundef=false" \
-  "--timeout-multiplier 6 --suite data --suite train"
+sanitizer="--buildtype=debugoptimized -Dcuda=disabled -Dmpi=enabled -Dbenchmarks=disabled -Db_lundef=false"
+suite build-asan "$sanitizer -Db_sanitize=address,undefined" "--timeout-multiplier 4"
+suite build-tsan "$sanitizer -Db_sanitize=thread" "--timeout-multiplier 6 --suite data --suite train"
 
 # Every libFuzzer target for FUZZ_SECONDS (60) from the committed seeds: counts as one.
 echo "== fuzz"
 if scripts/fuzz.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 
+slowest build/meson-logs/testlog.json build-asan/meson-logs/testlog.json build-tsan/meson-logs/testlog.json
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
