@@ -126,26 +126,34 @@ Checkpoint load_flag(const std::filesystem::path& path) {
   }
 }
 
-Dataset load_data(const DataFlags& f, std::ostream& out) {
-  const DatasetKind kind = f.dataset == "fashion-mnist" ? DatasetKind::kFashionMnist : DatasetKind::kMnist;
-  if (!f.mirrors.empty() && !f.download) throw InputError("--mirror: only with --download");
-  DataChoice choice;
+DatasetKind dataset_kind(const DataFlags& f) {
+  return f.dataset == "fashion-mnist" ? DatasetKind::kFashionMnist : DatasetKind::kMnist;
+}
+
+DataChoice find_data(const DataFlags& f) {
+  const DatasetKind kind = dataset_kind(f);
   if (f.download) {
     const std::filesystem::path root = cache_root();
     if (!f.data && root.empty()) throw InputError("--download: no --data, and neither XDG_CACHE_HOME nor HOME is set");
-    choice.dir = f.data ? std::filesystem::path(*f.data) : download_dir(root, kind);
-    out << "mnist_mt: " << dataset_name(kind) << " from " << choice.dir.string() << " (--download)" << std::endl;
-    DownloadRequest request{kind, choice.dir, f.mirrors, &out, isatty(STDERR_FILENO) != 0};
+    return {f.data ? std::filesystem::path(*f.data) : download_dir(root, kind), std::string(dataset_name(kind)), ""};
+  }
+  DataQuery query;
+  query.wanted = kind;
+  if (f.data) query.data_dir = *f.data;
+  query.env_dir = env_path("MNIST_MT_DATA");
+  query.cache_root = cache_root();
+  return locate_data(query);
+}
+
+Dataset load_data(const DataFlags& f, std::ostream& out) {
+  if (!f.mirrors.empty() && !f.download) throw InputError("--mirror: only with --download");
+  const DataChoice choice = find_data(f);
+  out << "mnist_mt: " << choice.name << " from " << choice.dir.string() << (f.download ? " (--download)" : "")
+      << std::endl;
+  if (!choice.notice.empty()) std::cerr << "mnist_mt: " << choice.notice << std::endl;
+  if (f.download) {
+    DownloadRequest request{dataset_kind(f), choice.dir, f.mirrors, &out, isatty(STDERR_FILENO) != 0};
     download_dataset(request);
-  } else {
-    DataQuery query;
-    query.wanted = kind;
-    if (f.data) query.data_dir = *f.data;
-    query.env_dir = env_path("MNIST_MT_DATA");
-    query.cache_root = cache_root();
-    choice = locate_data(query);
-    out << "mnist_mt: " << choice.name << " from " << choice.dir.string() << std::endl;
-    if (!choice.notice.empty()) std::cerr << "mnist_mt: " << choice.notice << std::endl;
   }
   return load_dataset(choice.dir);
 }

@@ -17,6 +17,7 @@
 
 #include "mnist_mt/backend.hpp"
 #include "mnist_mt/checkpoint.hpp"
+#include "mnist_mt/data_source.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/processes.hpp"
@@ -58,8 +59,14 @@ void take_host_share(Devices& d, const DeviceFlags& f, Processes& processes, dou
 // data is found or downloaded, so that a bad file is refused first.
 Checkpoint load_flag(const std::filesystem::path& path);
 
-// Downloads when asked, finds the data (DESIGN of the search: data_source.hpp), prints
-// the line naming the data set and its directory on `out` and any notice on stderr.
+// The data set the flags name.
+DatasetKind dataset_kind(const DataFlags& f);
+// Where the data flags lead (DESIGN of the search: data_source.hpp); with --download,
+// the directory the files go to. InputError when they lead nowhere.
+DataChoice find_data(const DataFlags& f);
+
+// Downloads when asked, finds the data (find_data), prints the line naming the data set
+// and its directory on `out` and any notice on stderr.
 Dataset load_data(const DataFlags& f, std::ostream& out);
 
 // The whole of `text` as a number, or nothing.
