@@ -14,6 +14,7 @@
 #include "mnist_mt/data_source.hpp"
 #include "mnist_mt/download.hpp"
 #include "mnist_mt/error.hpp"
+#include "mnist_mt/trainer.hpp"
 #include "mpi/local_devices.hpp"
 
 namespace mnist_mt::cli {
@@ -145,7 +146,7 @@ DataChoice find_data(const DataFlags& f) {
   return locate_data(query);
 }
 
-Dataset load_data(const DataFlags& f, std::ostream& out) {
+Dataset load_data(const DataFlags& f, std::ostream& out, const StopRequest* stop) {
   if (!f.mirrors.empty() && !f.download) throw InputError("--mirror: only with --download");
   const DataChoice choice = find_data(f);
   out << "mnist_mt: " << choice.name << " from " << choice.dir.string() << (f.download ? " (--download)" : "")
@@ -153,6 +154,7 @@ Dataset load_data(const DataFlags& f, std::ostream& out) {
   if (!choice.notice.empty()) std::cerr << "mnist_mt: " << choice.notice << std::endl;
   if (f.download) {
     DownloadRequest request{dataset_kind(f), choice.dir, f.mirrors, &out, isatty(STDERR_FILENO) != 0};
+    if (stop != nullptr) request.stop_signal = [stop] { return stop->stop_signal(); };
     download_dataset(request);
   }
   return load_dataset(choice.dir);

@@ -22,6 +22,10 @@
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/processes.hpp"
 
+namespace mnist_mt {
+class StopRequest;
+}
+
 namespace mnist_mt::cli {
 
 struct DeviceFlags {
@@ -66,8 +70,9 @@ DatasetKind dataset_kind(const DataFlags& f);
 DataChoice find_data(const DataFlags& f);
 
 // Downloads when asked, finds the data (find_data), prints the line naming the data set
-// and its directory on `out` and any notice on stderr.
-Dataset load_data(const DataFlags& f, std::ostream& out);
+// and its directory on `out` and any notice on stderr. A `stop` request abandons a
+// download at once (Interrupted), leaving no partial file.
+Dataset load_data(const DataFlags& f, std::ostream& out, const StopRequest* stop = nullptr);
 
 // The whole of `text` as a number, or nothing.
 template <typename T>

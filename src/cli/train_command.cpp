@@ -227,7 +227,11 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
     if (!config.save && processes == nullptr) config.interrupt_save = interrupt_checkpoint(config, files, interrupt_note);
   }
   if (config.load) load_flag(*config.load);  // train() reads it again
-  const Dataset data = load_data(f.data, out);
+  const Dataset data = load_data(f.data, out, &stop);
+  // A signal until now ends the run here: nothing is trained, nothing to save.
+  if (!stop.start_training(config.save || !config.interrupt_save.empty()))
+    throw Interrupted(std::string(signal_name(stop.stop_signal())) + ": stopped before training started",
+                      stop.stop_signal());
   out << "mnist_mt: " << (config.mode == Mode::kDp ? "dp" : "ddp") << " on ";
   if (processes != nullptr) out << processes->count() << " processes x ";
   out << config.devices.size() << ' ' << devices.backend->name() << " device(s)";
