@@ -83,6 +83,17 @@ std::optional<T> whole_number(std::string_view text) {
   return value;
 }
 
+// Checks of a number flag's value as typed, run by CLI11 before its own conversion
+// (which reads "010" as octal, wraps "-1" into an unsigned, and turns a value past
+// what the type holds into the largest or infinity); an error, "FLAG: problem", quotes
+// the value as given.
+// A whole decimal number from 0 to 2^64 - 1; it rewrites the value for CLI11 ("010"
+// to "10"), so it is added with ->transform.
+CLI::Validator unsigned_number();
+// A finite number >= 0 (`positive`: > 0) that a double holds, or a float when the
+// value is narrowed to one; a nonzero value that would become 0 is refused too.
+CLI::Validator real_number(bool positive, bool narrowed_to_float = false);
+
 // A count from min up to what 32 bits hold.
 std::uint32_t count_flag(std::int64_t value, std::int64_t min, const std::string& flag);
 

@@ -141,11 +141,16 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--epochs", f.epochs, "Epochs the run trains in all (with --load: up to this many)")
       ->capture_default_str();
   app.add_option("--batch-size", f.batch, "Batch size per device")->capture_default_str();
-  app.add_option("--lr", f.lr, "SGD learning rate")->capture_default_str();
-  app.add_option("--momentum", f.momentum, "SGD momentum")->capture_default_str();
-  app.add_option("--weight-decay", f.weight_decay, "SGD weight decay")->capture_default_str();
-  app.add_option("--seed", f.seed, "Seed of the initial weights, the data order and dropout")->capture_default_str();
+  app.add_option("--lr", f.lr, "SGD learning rate")->check(real_number(false, true))->capture_default_str();
+  app.add_option("--momentum", f.momentum, "SGD momentum")->check(real_number(false, true))->capture_default_str();
+  app.add_option("--weight-decay", f.weight_decay, "SGD weight decay")
+      ->check(real_number(false, true))
+      ->capture_default_str();
+  app.add_option("--seed", f.seed, "Seed of the initial weights, the data order and dropout")
+      ->transform(unsigned_number())
+      ->capture_default_str();
   app.add_option("--bucket-mb", f.bucket_mb, "Gradient bucket cap in MiB (the first bucket: at most 1 MiB)")
+      ->check(real_number(true))
       ->capture_default_str();
   add_data_flags(app, f.data);
   app.add_option("--save", f.save, "Write a safetensors checkpoint there after each epoch and on SIGINT/SIGTERM");
@@ -154,6 +159,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--keep", f.keep, "Keep the last N checkpoints (N > 1: one file per step, --save links the latest)")
       ->capture_default_str();
   app.add_option("--timeout", f.timeout, "Fail the run when a rank makes no progress for this many seconds (0: off)")
+      ->check(real_number(false))
       ->capture_default_str();
   app.add_option("--on-nan", f.on_nan,
                  "A step with a non-finite loss or gradient norm: stop (exit 3), or skip its update on every rank")
