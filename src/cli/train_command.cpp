@@ -113,6 +113,13 @@ std::filesystem::path interrupt_checkpoint(const TrainConfig& config, const RunF
   return {};
 }
 
+// A checkpoint that has trained the epochs --epochs asks for.
+std::string nothing_to_train(const std::filesystem::path& file, std::uint32_t done, std::uint32_t epochs) {
+  const std::string finished = done == epochs ? std::to_string(done) + " of " + std::to_string(epochs) + " epochs"
+                                              : std::to_string(done) + " epochs, more than --epochs " + std::to_string(epochs);
+  return file.string() + " has finished " + finished + "; nothing to train (raise --epochs)";
+}
+
 // Where the CPU devices' threads run, for the line that starts a run.
 std::string pinning(std::size_t devices) {
   const std::vector<int> cores = cpu_cores_for(devices);
@@ -232,7 +239,13 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
     // Several processes end at the first signal without a checkpoint.
     if (!config.save && processes == nullptr) config.interrupt_save = interrupt_checkpoint(config, files, interrupt_note);
   }
-  if (config.load) load_flag(*config.load);  // train() reads it again
+  if (config.load) {
+    const Checkpoint start = load_flag(*config.load);  // train() reads it again
+    if (config.epochs > 0 && start.epoch >= config.epochs) {
+      out << "mnist_mt: " << nothing_to_train(*config.load, start.epoch, config.epochs) << std::endl;
+      return 0;
+    }
+  }
   const Dataset data = load_data(f.data, out, &stop);
   // A signal until now ends the run here: nothing is trained, nothing to save.
   if (!stop.start_training(config.save || !config.interrupt_save.empty()))
