@@ -463,6 +463,17 @@ TEST_F(CliOutputs, AnOutputThatIsAnInputOrAnotherOutputIsRefusedAndLeftAsItWas) 
     EXPECT_FALSE(fs::exists(fresh));
     EXPECT_FALSE(hidden_files(dir_));
   }
+  // Data found through $MNIST_MT_DATA, not --data, is as much an input.
+  {
+    SCOPED_TRACE("MNIST_MT_DATA");
+    const std::string before = slurp(labels);
+    std::vector<std::string> args = train({"--metrics", labels});
+    args.erase(args.begin() + 8, args.begin() + 10);  // --data
+    std::chrono::steady_clock::duration took{};
+    const Outcome o = timed(args, took, {"MNIST_MT_DATA=" + data.string()});
+    expect_refused(o, took, "--metrics", labels);
+    EXPECT_EQ(slurp(labels), before);
+  }
   // The checkpoint a run continues is the one output that may be an input.
   std::vector<std::string> resume = train({"--save", ck.string(), "--load", ck.string()});
   resume[5] = "2";  // --epochs
