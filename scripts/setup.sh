@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(g++ meson ninja-build pkg-config cmake python3 libopenmpi-dev openmpi-bin
           libtbb-dev libdnnl-dev libgtest-dev libbenchmark-dev libcli11-dev
-          nlohmann-json3-dev zlib1g-dev libcurl4-openssl-dev libssl-dev libpng-dev libstb-dev
+          nlohmann-json3-dev zlib1g-dev libcurl4-openssl-dev libssl-dev libpng-dev
           python3-matplotlib dataset-fashion-mnist clang
           python3-torch libopenblas0-pthread "$@")  # PyTorch (CPU) judges the CPU backend: tests/test_torch_steps.sh
 

@@ -83,6 +83,9 @@ inline Process spawn_command(const std::vector<std::string>& command, const std:
     const int e = open(p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(o, STDOUT_FILENO);
     dup2(e, STDERR_FILENO);
+    // As at a terminal: a test runner started in the background may ignore SIGINT.
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     for (const std::string& entry : env) {
       const std::size_t eq = entry.find('=');
       setenv(entry.substr(0, eq).c_str(), entry.substr(eq + 1).c_str(), 1);

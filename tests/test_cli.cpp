@@ -1,5 +1,5 @@
 // The mnist_mt executable as a user runs it: bad flags exit 2 with one line naming the
-// flag, a run on a small data set writes its metrics, an injected fault exits 3 with
+// flag (and a number as it was typed), a run on a small data set writes its metrics, an injected fault exits 3 with
 // the rank and step, and nothing hangs (every run has a deadline).
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -36,7 +36,9 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
   struct Case {
     std::vector<std::string> args;
     std::string flag;
+    std::string says = "";  // the whole message, when given: a value as it was typed
   };
+  const std::string kSeed = "--seed: must be a whole number from 0 to 18446744073709551615, got ";
   const std::vector<Case> cases = {
       {{"--gpus", "0,0"}, "--gpus"},
       {{"--gpus", "4096"}, "--gpus"},
@@ -92,6 +94,26 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
       {{"--target-accuracy", "0"}, "--target-accuracy"},
       {{"--target-accuracy", "101"}, "--target-accuracy"},
       {{"--eval-every", "5"}, "--eval-every"},
+      // Numbers as typed: CLI11 alone wraps, saturates, reads octal, overflows a float.
+      {{"--seed", "-1"}, "--seed", kSeed + "-1"},
+      {{"--seed", "18446744073709551616"}, "--seed", kSeed + "18446744073709551616"},
+      {{"--seed", "0x10"}, "--seed", kSeed + "0x10"},
+      {{"--seed", "1.5"}, "--seed", kSeed + "1.5"},
+      {{"--lr", "1e308"}, "--lr", "--lr: 1e308 is more than a float holds (3.40282e+38)"},
+      {{"--lr", "1e-50"}, "--lr", "--lr: 1e-50 is closer to 0 than a float holds (its least above 0: 1.4013e-45)"},
+      {{"--lr", "abc"}, "--lr", "--lr: 'abc' is not a number"},
+      {{"--lr", "nan"}, "--lr", "--lr: 'nan' is not a number"},
+      {{"--momentum", "1e39"}, "--momentum", "--momentum: 1e39 is more than a float holds (3.40282e+38)"},
+      {{"--momentum", "-inf"}, "--momentum", "--momentum: must be >= 0, got -inf"},
+      {{"--weight-decay", "inf"}, "--weight-decay", "--weight-decay: must be a finite number, got inf"},
+      {{"--weight-decay", "-1e-3"}, "--weight-decay", "--weight-decay: must be >= 0, got -1e-3"},
+      {{"--bucket-mb", "-0"}, "--bucket-mb", "--bucket-mb: must be > 0, got -0"},
+      {{"--bucket-mb", "1e400"}, "--bucket-mb", "--bucket-mb: 1e400 is more than a double holds (1.79769e+308)"},
+      {{"--bucket-mb", "nan"}, "--bucket-mb", "--bucket-mb: 'nan' is not a number"},
+      {{"--timeout", "1e-400"}, "--timeout",
+       "--timeout: 1e-400 is closer to 0 than a double holds (its least above 0: 4.94066e-324)"},
+      {{"--timeout", "inf"}, "--timeout", "--timeout: must be a finite number, got inf"},
+      {{"--timeout", "10s"}, "--timeout", "--timeout: '10s' is not a number"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = c.args;
@@ -103,6 +125,9 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
     EXPECT_EQ(count_lines(o.err), 1);
     EXPECT_EQ(o.err.rfind("mnist_mt: error: ", 0), 0u);
     EXPECT_NE(o.err.find(c.flag), std::string::npos);
+    if (!c.says.empty()) {
+      EXPECT_EQ(o.err, "mnist_mt: error: " + c.says + "\n");
+    }
     EXPECT_EQ(o.out.find("epoch 1"), std::string::npos) << "trained before refusing";
   }
 }
@@ -130,6 +155,19 @@ TEST(Cli, ARecipeSetsTheRunAndFlagsOverrideIt) {
     SCOPED_TRACE(c.args[1] + ": " + o.out + o.err);
     EXPECT_EQ(o.exit_code, 0);
     EXPECT_NE(o.out.find(c.says), std::string::npos);
+  }
+}
+
+// CLI11 alone reads a leading 0 as octal: --seed 010 would be seed 8.
+TEST(Cli, ASeedIsTheDecimalNumberAsTypedUpTo2To64Minus1) {
+  for (const auto& [typed, seed] : std::vector<std::pair<std::string, std::string>>{
+           {"010", "10"}, {"18446744073709551615", "18446744073709551615"}}) {
+    const fs::path checkpoint = scratch_dir() / ("seed" + seed + ".safetensors");
+    const Outcome o = run_cli({"--cpu", "1", "--batch-size", "8", "--epochs", "1", "--max-steps", "1", "--data",
+                               small_data().string(), "--seed", typed, "--save", checkpoint.string()},
+                              60s);
+    ASSERT_EQ(o.exit_code, 0) << o.err;
+    EXPECT_NE(slurp(checkpoint).find("\"seed\":\"" + seed + "\""), std::string::npos) << typed;
   }
 }
 

@@ -2,7 +2,7 @@
 // the training run's last accuracy, with a confusion matrix that adds up; predict
 // gives the same answer for a test image, its PNG, its PGM and a PNG twice its size,
 // and for a palette PNG and a PGM of maxval 15 of the same samples; malformed images
-// are refused; an epoch without steps prints no nan; the data flags' errors; --download naming every mirror's failure, and verifying
+// are refused; an epoch without steps prints no nan; a finished run has nothing to train; the data flags' errors; --download naming every mirror's failure, and verifying
 // Debian's re-compressed Fashion-MNIST by content. No request leaves 127.0.0.1: the
 // downloads run behind a proxy setting that points at a closed loopback port.
 #include <gtest/gtest.h>
@@ -290,6 +290,30 @@ TEST(CliTrain, AnEpochWithNoStepsPrintsNoNan) {
   ASSERT_EQ(o.exit_code, 0) << o.err;
   EXPECT_NE(o.out.find("epoch 1: no training loss (no steps), test loss "), std::string::npos) << o.out;
   EXPECT_EQ(o.out.find("nan"), std::string::npos) << o.out;
+}
+
+// A checkpoint that has trained the epochs asked for: one line says so, exit 0, and
+// nothing is written (its metrics and the checkpoint stay as they were).
+TEST(CliTrain, LoadingAFinishedRunSaysThereIsNothingToTrain) {
+  const fs::path checkpoint = scratch_dir() / "finished.safetensors", metrics = scratch_dir() / "finished.json";
+  const auto args = [&](int epochs) {
+    return std::vector<std::string>{"--cpu", "1", "--batch-size", "8", "--epochs", std::to_string(epochs),
+                                    "--max-steps", "2", "--data", small_data().string(), "--save",
+                                    checkpoint.string(), "--metrics", metrics.string()};
+  };
+  ASSERT_EQ(run_cli(args(2)).exit_code, 0);
+  const std::string saved = slurp(checkpoint), measured = slurp(metrics);
+  for (const auto& [epochs, says] : std::vector<std::pair<int, std::string>>{
+           {2, "has finished 2 of 2 epochs"}, {1, "has finished 2 epochs, more than --epochs 1"}}) {
+    std::vector<std::string> resume = args(epochs);
+    resume.insert(resume.end(), {"--load", checkpoint.string()});
+    const Outcome o = run_cli(resume);
+    EXPECT_EQ(o.exit_code, 0) << o.err;
+    EXPECT_EQ(o.out, "mnist_mt: " + checkpoint.string() + " " + says + "; nothing to train (raise --epochs)\n");
+    EXPECT_EQ(o.err, "");
+    EXPECT_EQ(slurp(checkpoint), saved);
+    EXPECT_EQ(slurp(metrics), measured);
+  }
 }
 
 TEST(CliDownload, EveryMirrorFailingExits2WithOneLineNamingTheFileAndEachMirror) {

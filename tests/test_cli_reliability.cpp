@@ -8,7 +8,8 @@
 // And what it writes: every flag that writes a file refuses, up front, a device, FIFO,
 // socket or directory, an empty path, and a file of another output or of an input;
 // writes through a symbolic link; a stop without --save saves where the start line
-// says, or says it cannot; a resumed run appends to its metrics; a save removes the temp
+// says, or says it cannot; a signal during --download ends it at once leaving no
+// partial file; a resumed run appends to its metrics; a save removes the temp
 // files of killed writers; eval and predict survive a closed stdout.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -20,6 +21,7 @@
 #include <functional>
 
 #include "cli_runner.hpp"
+#include "loopback.hpp"
 
 namespace {
 
@@ -461,6 +463,17 @@ TEST_F(CliOutputs, AnOutputThatIsAnInputOrAnotherOutputIsRefusedAndLeftAsItWas) 
     EXPECT_FALSE(fs::exists(fresh));
     EXPECT_FALSE(hidden_files(dir_));
   }
+  // Data found through $MNIST_MT_DATA, not --data, is as much an input.
+  {
+    SCOPED_TRACE("MNIST_MT_DATA");
+    const std::string before = slurp(labels);
+    std::vector<std::string> args = train({"--metrics", labels});
+    args.erase(args.begin() + 8, args.begin() + 10);  // --data
+    std::chrono::steady_clock::duration took{};
+    const Outcome o = timed(args, took, {"MNIST_MT_DATA=" + data.string()});
+    expect_refused(o, took, "--metrics", labels);
+    EXPECT_EQ(slurp(labels), before);
+  }
   // The checkpoint a run continues is the one output that may be an input.
   std::vector<std::string> resume = train({"--save", ck.string(), "--load", ck.string()});
   resume[5] = "2";  // --epochs
@@ -507,6 +520,9 @@ Outcome interrupt_after_start(const Process& p) {
 }
 
 TEST_F(CliOutputs, WithoutSaveAStopSavesWhereTheStartLineSaysOrSaysItCannotAndExits130) {
+  const std::string kNoCheckpoint =
+      "mnist_mt: SIGINT: stopping after the step in flight, without a checkpoint (nowhere to save one); again to "
+      "abort\n";
   const std::vector<std::string> args{"--cpu", "1", "--batch-size", "8", "--epochs", "100000", "--data",
                                       small_data().string()};
   // The working directory's name is taken by a FIFO: the temp directory instead.
@@ -516,6 +532,7 @@ TEST_F(CliOutputs, WithoutSaveAStopSavesWhereTheStartLineSaysOrSaysItCannotAndEx
   const fs::path saved = temp / ("mnist_mt-interrupted-" + std::to_string(::geteuid()) + ".safetensors");
   Outcome o = interrupt_after_start(spawn_in(cwd, args, {"TMPDIR=" + temp.string()}, false));
   EXPECT_EQ(o.exit_code, 130) << o.err;
+  EXPECT_EQ(o.err, "mnist_mt: SIGINT: stopping after the step in flight to save a checkpoint; again to abort\n");
   EXPECT_NE(o.out.find("test images; SIGINT/SIGTERM saves to " + saved.string()), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("checkpoint saved to " + saved.string()), std::string::npos) << o.out;
   EXPECT_EQ(run_cli(eval(saved, {})).exit_code, 0);
@@ -526,6 +543,7 @@ TEST_F(CliOutputs, WithoutSaveAStopSavesWhereTheStartLineSaysOrSaysItCannotAndEx
   EXPECT_EQ(o.exit_code, 130) << o.err;
   EXPECT_NE(o.out.find("test images; no checkpoint on SIGINT/SIGTERM without --save"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("no checkpoint saved"), std::string::npos) << o.out;
+  EXPECT_EQ(o.err, kNoCheckpoint) << "the signal's message promised a save";
   EXPECT_EQ(node_at(cwd / "mnist_mt-interrupted.safetensors"), fifo);
 
   // A user who may write neither directory.
@@ -537,6 +555,7 @@ TEST_F(CliOutputs, WithoutSaveAStopSavesWhereTheStartLineSaysOrSaysItCannotAndEx
   EXPECT_EQ(o.exit_code, 130) << o.err;
   EXPECT_NE(o.out.find("no checkpoint on SIGINT/SIGTERM without --save"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("not writable"), std::string::npos) << o.out;
+  EXPECT_EQ(o.err, kNoCheckpoint);
   EXPECT_TRUE(fs::is_empty(closed));
   EXPECT_TRUE(fs::is_empty(closed_temp));
 }
@@ -559,6 +578,45 @@ TEST_F(CliOutputs, AnOutputInADirectoryTheUserMayNotWriteIsRefusedUpFront) {
     EXPECT_NE(o.err.find("not writable"), std::string::npos) << o.err;
   }
   EXPECT_TRUE(fs::is_empty(closed));
+}
+
+// The mirror sends 2 bytes a second: a SIGINT while a file comes ends the program at
+// once, exit 130, and nothing of the file is left. Training says why; eval and predict
+// end as the signal ends any program.
+TEST_F(CliOutputs, ASignalDuringADownloadEndsItAtOnceLeavingNoPartialFile) {
+  const fs::path ck = dir_ / "model.safetensors";
+  checkpoint_at(ck);
+  const fs::path served = fresh_dir("served");
+  for (const char* name : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                           "t10k-labels-idx1-ubyte"})
+    std::ofstream(served / (std::string(name) + ".gz")) << std::string(1000, 'x');
+  const LoopbackServer server(served, 60);
+  std::vector<std::string> env = offline();
+  env.insert(env.end(), {"no_proxy=127.0.0.1", "NO_PROXY=127.0.0.1"});  // the mirror is reached
+  const std::vector<std::vector<std::string>> commands{
+      {}, {"eval", "--load", ck.string()}, {"predict", "--load", ck.string(), "--index", "0"}};
+  for (const std::vector<std::string>& command : commands) {
+    SCOPED_TRACE(command.empty() ? "train" : command[0]);
+    const fs::path data = fresh_dir("download-" + (command.empty() ? "train" : command[0]));
+    std::vector<std::string> args = command;
+    args.insert(args.end(), {"--cpu", "1", "--download", "--data", data.string(), "--mirror", server.base() + "drip/"});
+    const Process p = spawn(args, env);
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (slurp(p.out).find("(--download)") == std::string::npos && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(1ms);
+    std::this_thread::sleep_for(1s);  // the transfer under way
+    const auto sent = std::chrono::steady_clock::now();
+    kill(p.pid, SIGINT);
+    const Outcome o = finish(p, 60s);
+    EXPECT_EQ(o.exit_code, 130) << o.err;
+    EXPECT_LT(std::chrono::steady_clock::now() - sent, 3s);
+    EXPECT_TRUE(fs::is_empty(data));
+    if (command.empty()) {
+      EXPECT_EQ(o.err, "mnist_mt: SIGINT: ending before training starts (nothing to save yet)\nmnist_mt: error: " +
+                           (data / "train-images-idx3-ubyte.gz").string() +
+                           ": download abandoned (SIGINT); no partial file is left\n");
+    }
+  }
 }
 
 // The program's own advice after a stop (the same command with --load) keeps the

@@ -2,7 +2,7 @@
 // mid-epoch checkpoint (by --save-every or by a stop request at a random moment) ends
 // with the uninterrupted run's weights bit for bit; --keep keeps the last N; an abort
 // request and a stalled rank release every rank; a diverged run stops and keeps the
-// last good checkpoint.
+// last good checkpoint; a first signal before training starts ends the run.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -376,6 +377,27 @@ TEST_F(ResumeTest, AnyFiniteTimeoutLetsTheRunFinish) {
     c.max_steps = 3;
     c.timeout_s = timeout;
     EXPECT_EQ(run(c).epochs.size(), 1u) << timeout;
+  }
+}
+
+// What the signal watch tells the user at a first signal is what happens: before
+// start_training() the caller ends; a signal that came first keeps training from starting.
+TEST(StopRequestTest, AFirstSignalBeforeTrainingStartsEndsTheRunAndOneAfterStopsItWithOrWithoutACheckpoint) {
+  std::optional<StopRequest::Outcome> told;
+  const auto announce = [&](StopRequest::Outcome outcome) { told = outcome; };
+  StopRequest early;
+  early.stop(2, announce);
+  EXPECT_EQ(told, StopRequest::Outcome::kEndBeforeTraining);
+  EXPECT_FALSE(early.start_training(true));
+  for (const bool saves : {true, false}) {
+    StopRequest later;
+    EXPECT_TRUE(later.start_training(saves));
+    later.stop(15, [&](StopRequest::Outcome outcome) {
+      told = outcome;
+      EXPECT_EQ(later.stop_signal(), 0) << "the request was seen before it was announced";
+    });
+    EXPECT_EQ(told, saves ? StopRequest::Outcome::kCheckpoint : StopRequest::Outcome::kNoCheckpoint);
+    EXPECT_EQ(later.stop_signal(), 15);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -33,12 +34,30 @@ enum class NanPolicy { kStop, kSkip };
 // rank at once and train() throws Interrupted.
 class StopRequest {
  public:
+  // What a first signal leads to, for the watcher to say: until start_training(), the
+  // caller ends before training (nothing to save yet); then train() stops after the
+  // step in flight, with a checkpoint or, when there is nowhere to save one, without.
+  enum class Outcome { kEndBeforeTraining, kCheckpoint, kNoCheckpoint };
   // A run of several processes (MPI) cannot agree on a step to stop at without an
   // exchange of its own: there the first signal ends the process at once (SignalWatch),
   // and the launcher the others. No file is half-written: checkpoints appear by rename.
   void exit_at_first_signal() { exit_at_first_.store(true); }
   bool exits_at_first_signal() const { return exit_at_first_.load(); }
-  void stop(int signal) { stop_.store(signal); }
+  // The first signal; `announce`, the watcher's message, hears what it leads to before
+  // any thread sees the request.
+  void stop(int signal, const std::function<void(Outcome)>& announce = {}) {
+    const std::lock_guard lock(mutex_);
+    if (announce) announce(outcome_);
+    stop_.store(signal);
+  }
+  // From now on a first signal stops training after the step in flight; `saves`: with a
+  // checkpoint. False, changing nothing, when a signal came first: the caller ends.
+  bool start_training(bool saves) {
+    const std::lock_guard lock(mutex_);
+    if (stop_.load() != 0) return false;
+    outcome_ = saves ? Outcome::kCheckpoint : Outcome::kNoCheckpoint;
+    return true;
+  }
   void abort(int signal) { abort_.store(signal); }
   int stop_signal() const { return stop_.load(); }    // 0: none
   int abort_signal() const { return abort_.load(); }  // 0: none
@@ -47,6 +66,8 @@ class StopRequest {
   std::atomic<int> stop_{0};
   std::atomic<int> abort_{0};
   std::atomic<bool> exit_at_first_{false};
+  std::mutex mutex_;  // a first signal and start_training() see each other in one order
+  Outcome outcome_ = Outcome::kEndBeforeTraining;
 };
 
 struct TrainConfig {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <limits>
@@ -14,6 +16,7 @@
 #include "mnist_mt/data_source.hpp"
 #include "mnist_mt/download.hpp"
 #include "mnist_mt/error.hpp"
+#include "mnist_mt/trainer.hpp"
 #include "mpi/local_devices.hpp"
 
 namespace mnist_mt::cli {
@@ -60,6 +63,23 @@ std::optional<std::filesystem::path> env_path(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return std::nullopt;
   return std::filesystem::path(value);
+}
+
+// What is wrong with a finite value >= 0, `text`, held as a T: too large, or so small
+// that it becomes 0. Empty when nothing.
+template <typename T>
+std::string beyond(long double value, const std::string& text, const std::string& type) {
+  const auto shown = [](long double bound) {
+    char digits[32];
+    std::snprintf(digits, sizeof digits, "%Lg", bound);
+    return std::string(digits);
+  };
+  if (value > std::numeric_limits<T>::max())
+    return text + " is more than " + type + " holds (" + shown(std::numeric_limits<T>::max()) + ")";
+  if (value != 0 && static_cast<T>(value) == 0)
+    return text + " is closer to 0 than " + type + " holds (its least above 0: " +
+           shown(std::numeric_limits<T>::denorm_min()) + ")";
+  return "";
 }
 
 }  // namespace
@@ -126,28 +146,60 @@ Checkpoint load_flag(const std::filesystem::path& path) {
   }
 }
 
-Dataset load_data(const DataFlags& f, std::ostream& out) {
-  const DatasetKind kind = f.dataset == "fashion-mnist" ? DatasetKind::kFashionMnist : DatasetKind::kMnist;
-  if (!f.mirrors.empty() && !f.download) throw InputError("--mirror: only with --download");
-  DataChoice choice;
+DatasetKind dataset_kind(const DataFlags& f) {
+  return f.dataset == "fashion-mnist" ? DatasetKind::kFashionMnist : DatasetKind::kMnist;
+}
+
+DataChoice find_data(const DataFlags& f) {
+  const DatasetKind kind = dataset_kind(f);
   if (f.download) {
     const std::filesystem::path root = cache_root();
     if (!f.data && root.empty()) throw InputError("--download: no --data, and neither XDG_CACHE_HOME nor HOME is set");
-    choice.dir = f.data ? std::filesystem::path(*f.data) : download_dir(root, kind);
-    out << "mnist_mt: " << dataset_name(kind) << " from " << choice.dir.string() << " (--download)" << std::endl;
-    DownloadRequest request{kind, choice.dir, f.mirrors, &out, isatty(STDERR_FILENO) != 0};
+    return {f.data ? std::filesystem::path(*f.data) : download_dir(root, kind), std::string(dataset_name(kind)), ""};
+  }
+  DataQuery query;
+  query.wanted = kind;
+  if (f.data) query.data_dir = *f.data;
+  query.env_dir = env_path("MNIST_MT_DATA");
+  query.cache_root = cache_root();
+  return locate_data(query);
+}
+
+Dataset load_data(const DataFlags& f, std::ostream& out, const StopRequest* stop) {
+  if (!f.mirrors.empty() && !f.download) throw InputError("--mirror: only with --download");
+  const DataChoice choice = find_data(f);
+  out << "mnist_mt: " << choice.name << " from " << choice.dir.string() << (f.download ? " (--download)" : "")
+      << std::endl;
+  if (!choice.notice.empty()) std::cerr << "mnist_mt: " << choice.notice << std::endl;
+  if (f.download) {
+    DownloadRequest request{dataset_kind(f), choice.dir, f.mirrors, &out, isatty(STDERR_FILENO) != 0};
+    if (stop != nullptr) request.stop_signal = [stop] { return stop->stop_signal(); };
     download_dataset(request);
-  } else {
-    DataQuery query;
-    query.wanted = kind;
-    if (f.data) query.data_dir = *f.data;
-    query.env_dir = env_path("MNIST_MT_DATA");
-    query.cache_root = cache_root();
-    choice = locate_data(query);
-    out << "mnist_mt: " << choice.name << " from " << choice.dir.string() << std::endl;
-    if (!choice.notice.empty()) std::cerr << "mnist_mt: " << choice.notice << std::endl;
   }
   return load_dataset(choice.dir);
+}
+
+CLI::Validator unsigned_number() {
+  return CLI::Validator([](std::string& text) -> std::string {
+    const auto value = whole_number<std::uint64_t>(text);
+    if (!value) {
+      return "must be a whole number from 0 to " + std::to_string(std::numeric_limits<std::uint64_t>::max()) +
+             ", got " + (text.empty() ? "''" : text);
+    }
+    text = std::to_string(*value);  // as CLI11 reads it: "010" is 10
+    return "";
+  }, "");
+}
+
+CLI::Validator real_number(bool positive, bool narrowed_to_float) {
+  return CLI::Validator([positive, narrowed_to_float](std::string& text) -> std::string {
+    char* end = nullptr;
+    const long double value = std::strtold(text.c_str(), &end);  // as CLI11 reads it
+    if (text.empty() || end != text.c_str() + text.size() || std::isnan(value)) return "'" + text + "' is not a number";
+    if (value < 0 || (positive && value == 0)) return std::string("must be ") + (positive ? "> 0" : ">= 0") + ", got " + text;
+    if (std::isinf(value)) return "must be a finite number, got " + text;
+    return narrowed_to_float ? beyond<float>(value, text, "a float") : beyond<double>(value, text, "a double");
+  }, "");
 }
 
 std::uint32_t count_flag(std::int64_t value, std::int64_t min, const std::string& flag) {

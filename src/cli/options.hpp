@@ -17,9 +17,14 @@
 
 #include "mnist_mt/backend.hpp"
 #include "mnist_mt/checkpoint.hpp"
+#include "mnist_mt/data_source.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/processes.hpp"
+
+namespace mnist_mt {
+class StopRequest;
+}
 
 namespace mnist_mt::cli {
 
@@ -58,9 +63,16 @@ void take_host_share(Devices& d, const DeviceFlags& f, Processes& processes, dou
 // data is found or downloaded, so that a bad file is refused first.
 Checkpoint load_flag(const std::filesystem::path& path);
 
-// Downloads when asked, finds the data (DESIGN of the search: data_source.hpp), prints
-// the line naming the data set and its directory on `out` and any notice on stderr.
-Dataset load_data(const DataFlags& f, std::ostream& out);
+// The data set the flags name.
+DatasetKind dataset_kind(const DataFlags& f);
+// Where the data flags lead (DESIGN of the search: data_source.hpp); with --download,
+// the directory the files go to. InputError when they lead nowhere.
+DataChoice find_data(const DataFlags& f);
+
+// Downloads when asked, finds the data (find_data), prints the line naming the data set
+// and its directory on `out` and any notice on stderr. A `stop` request abandons a
+// download at once (Interrupted), leaving no partial file.
+Dataset load_data(const DataFlags& f, std::ostream& out, const StopRequest* stop = nullptr);
 
 // The whole of `text` as a number, or nothing.
 template <typename T>
@@ -70,6 +82,17 @@ std::optional<T> whole_number(std::string_view text) {
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
 }
+
+// Checks of a number flag's value as typed, run by CLI11 before its own conversion
+// (which reads "010" as octal, wraps "-1" into an unsigned, and turns a value past
+// what the type holds into the largest or infinity); an error, "FLAG: problem", quotes
+// the value as given.
+// A whole decimal number from 0 to 2^64 - 1; it rewrites the value for CLI11 ("010"
+// to "10"), so it is added with ->transform.
+CLI::Validator unsigned_number();
+// A finite number >= 0 (`positive`: > 0) that a double holds, or a float when the
+// value is narrowed to one; a nonzero value that would become 0 is refused too.
+CLI::Validator real_number(bool positive, bool narrowed_to_float = false);
 
 // A count from min up to what 32 bits hold.
 std::uint32_t count_flag(std::int64_t value, std::int64_t min, const std::string& flag);

@@ -3,13 +3,11 @@
 #include <poll.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <iostream>
 #include <system_error>
 
 #include "data/catalog.hpp"
 #include "data/file_io.hpp"
-#include "mnist_mt/data_source.hpp"
 #include "mnist_mt/error.hpp"
 #include "train/saver.hpp"
 
@@ -32,26 +30,6 @@ std::string clash(const RunFile& file, const RunFile& other) {
   return file.path.string() + ": the same file as " + other.flag + " " + other.path.string();
 }
 
-// The directory load_data reads, found as it finds it.
-std::optional<fs::path> data_dir(const DataFlags& f, DatasetKind kind) {
-  if (f.download) {
-    if (f.data) return fs::path(*f.data);
-    const fs::path root = cache_root();
-    if (root.empty()) return std::nullopt;
-    return download_dir(root, kind);
-  }
-  DataQuery query;
-  query.wanted = kind;
-  if (f.data) query.data_dir = *f.data;
-  if (const char* env = std::getenv("MNIST_MT_DATA"); env != nullptr && *env != '\0') query.env_dir = env;
-  query.cache_root = cache_root();
-  try {
-    return locate_data(query).dir;
-  } catch (const InputError&) {
-    return std::nullopt;
-  }
-}
-
 // The same directory, links followed: the numbered checkpoints lie beside --save's target.
 bool same_directory(const fs::path& a, const fs::path& b) {
   std::error_code ea, eb;
@@ -63,11 +41,14 @@ bool same_directory(const fs::path& a, const fs::path& b) {
 }  // namespace
 
 void add_data_files(const DataFlags& f, RunFiles& files) {
-  const DatasetKind kind = f.dataset == "fashion-mnist" ? DatasetKind::kFashionMnist : DatasetKind::kMnist;
-  const std::optional<fs::path> dir = data_dir(f, kind);
-  if (!dir) return;
-  for (const FileSpec& spec : dataset_spec(kind).files) {
-    const fs::path raw = *dir / spec.name, gz = *dir / (spec.name + ".gz");
+  fs::path dir;
+  try {
+    dir = find_data(f).dir;
+  } catch (const InputError&) {
+    return;  // load_data says why
+  }
+  for (const FileSpec& spec : dataset_spec(dataset_kind(f)).files) {
+    const fs::path raw = dir / spec.name, gz = dir / (spec.name + ".gz");
     std::error_code ec;
     if (fs::exists(raw, ec)) files.inputs.push_back({raw, "the data file"});
     if (f.download) {

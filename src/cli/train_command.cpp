@@ -117,6 +117,13 @@ std::filesystem::path interrupt_checkpoint(const TrainConfig& config, const RunF
   return {};
 }
 
+// A checkpoint that has trained the epochs --epochs asks for.
+std::string nothing_to_train(const std::filesystem::path& file, std::uint32_t done, std::uint32_t epochs) {
+  const std::string finished = done == epochs ? std::to_string(done) + " of " + std::to_string(epochs) + " epochs"
+                                              : std::to_string(done) + " epochs, more than --epochs " + std::to_string(epochs);
+  return file.string() + " has finished " + finished + "; nothing to train (raise --epochs)";
+}
+
 // Where the CPU devices' threads run, for the line that starts a run.
 std::string pinning(std::size_t devices) {
   const std::vector<int> cores = cpu_cores_for(devices);
@@ -148,24 +155,30 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--epochs", t.epochs, "Epochs the run trains in all (with --load: up to this many); default 1");
   app.add_option("--batch-size", t.batch, "Batch size per device; default 64");
   app.add_option("--optimizer", t.optimizer, "sgd, adam, adamw or adadelta, as torch.optim defines them; default sgd");
-  app.add_option("--lr", t.lr, "Learning rate (OneCycle's maximum); default 0.01 for sgd, else torch.optim's");
-  app.add_option("--momentum", t.momentum, "SGD momentum; default 0");
+  app.add_option("--lr", t.lr, "Learning rate (OneCycle's maximum); default 0.01 for sgd, else torch.optim's")
+      ->check(real_number(false, true));
+  app.add_option("--momentum", t.momentum, "SGD momentum; default 0")->check(real_number(false, true));
   app.add_flag("--nesterov", t.nesterov, "SGD: Nesterov momentum");
-  app.add_option("--weight-decay", t.weight_decay, "Weight decay (adamw: decoupled); default 0, adamw 0.01");
+  app.add_option("--weight-decay", t.weight_decay, "Weight decay (adamw: decoupled); default 0, adamw 0.01")
+      ->check(real_number(false, true));
   app.add_option("--betas", t.betas, "Adam/AdamW: B1,B2; default 0.9,0.999");
-  app.add_option("--eps", t.eps, "Adam/AdamW/Adadelta epsilon; default 1e-8, adadelta 1e-6");
-  app.add_option("--rho", t.rho, "Adadelta rho; default 0.9");
+  app.add_option("--eps", t.eps, "Adam/AdamW/Adadelta epsilon; default 1e-8, adadelta 1e-6")
+      ->check(real_number(false, true));
+  app.add_option("--rho", t.rho, "Adadelta rho; default 0.9")->check(real_number(false, true));
   app.add_option("--lr-schedule", t.lr_schedule,
                  "constant, step (StepLR, per epoch), onecycle (OneCycleLR, per step) or cosine (CosineAnnealingLR over the run's steps); default constant");
   app.add_option("--lr-step", t.lr_step, "step: epochs between rate changes (StepLR's step_size); default 1");
-  app.add_option("--gamma", t.gamma, "step: the rate's factor at each change; default 0.1");
+  app.add_option("--gamma", t.gamma, "step: the rate's factor at each change; default 0.1")->check(real_number(true));
   app.add_option("--warmup", t.warmup, "Steps of linear warm-up before the schedule (not with onecycle); default 0");
   app.add_option("--target-accuracy", f.target_accuracy,
                  "Stop once the test accuracy reaches this many percent (evaluated at epoch ends and every --eval-every steps)");
   app.add_option("--eval-every", f.eval_every, "With --target-accuracy: also evaluate every this many steps (0: epoch ends only)")
       ->capture_default_str();
-  app.add_option("--seed", f.seed, "Seed of the initial weights, the data order and dropout")->capture_default_str();
+  app.add_option("--seed", f.seed, "Seed of the initial weights, the data order and dropout")
+      ->transform(unsigned_number())
+      ->capture_default_str();
   app.add_option("--bucket-mb", f.bucket_mb, "Gradient bucket cap in MiB (the first bucket: at most 1 MiB)")
+      ->check(real_number(true))
       ->capture_default_str();
   add_data_flags(app, f.data);
   app.add_option("--save", f.save, "Write a safetensors checkpoint there after each epoch and on SIGINT/SIGTERM");
@@ -174,6 +187,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--keep", f.keep, "Keep the last N checkpoints (N > 1: one file per step, --save links the latest)")
       ->capture_default_str();
   app.add_option("--timeout", f.timeout, "Fail the run when a rank makes no progress for this many seconds (0: off)")
+      ->check(real_number(false))
       ->capture_default_str();
   app.add_option("--on-nan", f.on_nan,
                  "A step with a non-finite loss or gradient norm: stop (exit 3), or skip its update on every rank")
@@ -245,8 +259,18 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
     // Several processes end at the first signal without a checkpoint.
     if (!config.save && processes == nullptr) config.interrupt_save = interrupt_checkpoint(config, files, interrupt_note);
   }
-  if (config.load) load_flag(*config.load);  // train() reads it again
-  const Dataset data = load_data(f.data, out);
+  if (config.load) {
+    const Checkpoint start = load_flag(*config.load);  // train() reads it again
+    if (config.epochs > 0 && start.epoch >= config.epochs) {
+      out << "mnist_mt: " << nothing_to_train(*config.load, start.epoch, config.epochs) << std::endl;
+      return 0;
+    }
+  }
+  const Dataset data = load_data(f.data, out, &stop);
+  // A signal until now ends the run here: nothing is trained, nothing to save.
+  if (!stop.start_training(config.save || !config.interrupt_save.empty()))
+    throw Interrupted(std::string(signal_name(stop.stop_signal())) + ": stopped before training started",
+                      stop.stop_signal());
   out << "mnist_mt: " << (config.mode == Mode::kDp ? "dp" : "ddp") << " on ";
   if (processes != nullptr) out << processes->count() << " processes x ";
   out << config.devices.size() << ' ' << devices.backend->name() << " device(s)";

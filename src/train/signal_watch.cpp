@@ -26,6 +26,17 @@ sigset_t block_stop_signals() {
   return set;
 }
 
+const char* what_follows(StopRequest::Outcome outcome) {
+  switch (outcome) {
+    case StopRequest::Outcome::kEndBeforeTraining: return "ending before training starts (nothing to save yet)";
+    case StopRequest::Outcome::kCheckpoint:
+      return "stopping after the step in flight to save a checkpoint; again to abort";
+    case StopRequest::Outcome::kNoCheckpoint:
+      return "stopping after the step in flight, without a checkpoint (nowhere to save one); again to abort";
+  }
+  return "stopping";
+}
+
 }  // namespace
 
 const char* signal_name(int signal) {
@@ -50,9 +61,9 @@ SignalWatch::SignalWatch(StopRequest& stop)
             std::_Exit(128 + signal);
           }
           if (first) {
-            std::fprintf(stderr, "mnist_mt: %s: stopping after the step in flight to save a checkpoint; again to abort\n",
-                         signal_name(signal));
-            stop.stop(signal);
+            stop.stop(signal, [signal](StopRequest::Outcome outcome) {
+              std::fprintf(stderr, "mnist_mt: %s: %s\n", signal_name(signal), what_follows(outcome));
+            });
             first = false;
           } else {
             stop.abort(signal);

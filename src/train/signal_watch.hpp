@@ -1,6 +1,7 @@
 #pragma once
 // Turns SIGINT and SIGTERM into stop requests: the first asks the run to stop after
-// the step in flight and save, the second to abort at once. SIGHUP and SIGPIPE are
+// the step in flight and save (before training starts, to end: StopRequest::Outcome,
+// which its message tells), the second to abort at once. SIGHUP and SIGPIPE are
 // ignored, so a run whose terminal or pipe closes keeps training (its writes to the
 // closed stream fail quietly).
 #include <thread>
