@@ -185,7 +185,10 @@ def shared_flags(settings):
     flags = ["--nesterov"] if s["optimizer"] == "sgd" and s["nesterov"] else []
     for name in names:
         value = s[name]
-        text = ",".join(map(repr, value)) if name == "betas" else repr(value) if isinstance(value, float) else str(value)
+        if name == "betas":
+            text = ",".join(map(repr, value))
+        else:
+            text = repr(value) if isinstance(value, float) else str(value)
         flags += ["--" + name.replace("_", "-"), text]
     return flags
 
@@ -268,6 +271,8 @@ def spread(values, fmt):
     have = [v for v in values if v is not None]
     if not have:
         return f"not reached (0/{len(values)})"
+    if len(values) == 1:
+        return fmt(have[0])
     text = f"{fmt(statistics.mean(have))} ({fmt(min(have))}–{fmt(max(have))}"
     text += f", sd {fmt(statistics.stdev(have))})" if len(have) > 1 else ")"
     return text + (f", reached {len(have)}/{len(values)}" if len(have) < len(values) else "")
@@ -279,13 +284,13 @@ def table(args, sides, commands, note, torch_info):
              f"{settings['batch_size']}), target {args.target:.1f}%, "
              f"evaluation every {args.eval_every or 'epoch'}{' steps' if args.eval_every else ''}, "
              f"{args.cores} cores each, float32, seeds {','.join(map(str, args.seeds))}", "",
-             "| | time to target, s | final test accuracy, % | training images/s | steps to target |",
+             "| | time to target, s | test accuracy at the end, % | training images/s | steps to target |",
              "|---|---:|---:|---:|---:|"]
     best = min((name for name in sides if name != "mnist_mt"),
                key=lambda n: statistics.mean([r["time_to_target_s"] or float("inf") for r in sides[n]]),
                default=None)
     for name, runs in sides.items():
-        label = name + (" (PyTorch's best)" if name == best and len(sides) > 2 else "")
+        label = name + (" (PyTorch's best)" if name == best and len(sides) - ("mnist_mt" in sides) > 1 else "")
         lines.append(f"| {label} | {spread([r['time_to_target_s'] for r in runs], lambda v: f'{v:.1f}')} | "
                      f"{spread([100 * r['final_accuracy'] for r in runs], lambda v: f'{v:.2f}')} | "
                      f"{spread([r['images_per_s'] for r in runs], lambda v: f'{v:.0f}')} | "
@@ -294,7 +299,8 @@ def table(args, sides, commands, note, torch_info):
         ours = statistics.mean([r["time_to_target_s"] or float("inf") for r in sides["mnist_mt"]])
         theirs = statistics.mean([r["time_to_target_s"] or float("inf") for r in sides[best]])
         lines += ["", f"mnist_mt / PyTorch's best ({best}), mean time to target: {ours / theirs:.2f}×"]
-    lines += ["", "Spread: mean (min–max, sd) over the seeds; time to target includes the evaluations.", "",
+    lines += ["", "Mean (min–max, sd) over the seeds. A run ends at the first evaluation reaching the target; "
+                  "its time includes the evaluations, its images/s leave them out.", "",
               f"Machine: {lscpu_model()}, {os.cpu_count()} CPUs, load average at the end "
               f"{' '.join(open('/proc/loadavg').read().split()[:3])}. Date: {datetime.date.today().isoformat()}."]
     if torch_info:

@@ -38,8 +38,8 @@ FAKE_MNIST_MT = textwrap.dedent("""\
     seed = int(argv[argv.index("--seed") + 1])
     with open(argv[argv.index("--metrics") + 1], "w") as f:
         f.write(json.dumps({{"epoch": 0, "test_accuracy": 0.99 + seed / 1000, "images_per_s": 100.0 * seed,
-                            "seconds": 10.0, "time_to_target_s": 10.0 * seed, "target_step": 400 + seed, "target_eval_seconds": 1.0,
-                            "eval_seconds": 1.0}}) + "\\n")
+                            "seconds": 10.0, "eval_seconds": 1.0, "time_to_target_s": 10.0 * seed,
+                            "target_step": 400 + seed, "target_eval_seconds": 1.0}}) + "\\n")
 """)
 # A stand-in Python for recipe.py: records the arguments, prints a result.
 FAKE_TORCH = textwrap.dedent("""\

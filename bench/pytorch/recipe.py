@@ -102,13 +102,13 @@ def parse_args(argv):
     return args
 
 
-def load(root, train, device):
+def load(root, train):
     """Images as normalised float32 N×1×28×28 and labels as int64, in memory once."""
     prefix = "train" if train else "t10k"
     images = read_idx(Path(root) / f"{prefix}-images-idx3-ubyte", 0x00000803)
     labels = read_idx(Path(root) / f"{prefix}-labels-idx1-ubyte", 0x00000801)
-    x = torch.from_numpy(images.copy()).to(device, torch.float32).div_(255).sub_(MEAN).div_(STD)
-    return x.unsqueeze(1).contiguous(), torch.from_numpy(labels.astype("int64")).to(device)
+    x = torch.from_numpy(images.copy()).float().div_(255).sub_(MEAN).div_(STD)
+    return x.unsqueeze(1).contiguous(), torch.from_numpy(labels.astype("int64"))
 
 
 def make_optimizer(args, params):
@@ -164,94 +164,104 @@ def torch_build():
             "cpu_capability": getattr(torch.backends, "cpu", None) and torch.backends.cpu.get_cpu_capability()}
 
 
+class Watch:
+    """The test-set evaluations of a run, timed from its first step, and the first that
+    reaches the target."""
+
+    def __init__(self, test, target, rank, world):
+        self.test, self.target, self.rank, self.world = test, target, rank, world
+        self.evals, self.seconds, self.reached = [], 0.0, None
+        self.start = time.perf_counter()
+
+    def evaluate(self, model, step, steps_per_epoch):
+        """Evaluates after `step`; returns the seconds it took."""
+        began = time.perf_counter()
+        loss, accuracy = evaluate(model, *self.test, self.rank, self.world)
+        now = time.perf_counter()
+        self.seconds += now - began
+        self.evals.append({"step": step, "epoch": step / steps_per_epoch, "test_accuracy": accuracy,
+                           "test_loss": loss, "elapsed_s": now - self.start})
+        if self.rank == 0:
+            print(f"step {step} (epoch {step / steps_per_epoch:.2f}): test accuracy {100 * accuracy:.2f}%, "
+                  f"{now - self.start:.1f} s", file=sys.stderr, flush=True)
+        if self.target is not None and self.reached is None and accuracy >= self.target:
+            self.reached = dict(self.evals[-1], eval_seconds=self.seconds)
+        return now - began
+
+
+def train_step(model, optimizer, x, y, step, warmup):
+    """One update; during the warm-up at `warmup`'s fraction of the scheduled rate."""
+    factor = (step + 1) / warmup if step < warmup else 1.0
+    scheduled = [g["lr"] for g in optimizer.param_groups]
+    for g in optimizer.param_groups:
+        g["lr"] *= factor
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.nll_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    for g, lr in zip(optimizer.param_groups, scheduled):
+        g["lr"] = lr  # the schedulers step from the scheduled rate
+    return loss.detach()
+
+
 def train(args, rank, world):
-    """The run; returns the result on rank 0."""
+    """The run; returns its result (rank 0's is reported)."""
     torch.manual_seed(args.seed)
     model = Net()
-    train_x, train_y = load(args.data, True, "cpu")
-    test_x, test_y = load(args.data, False, "cpu")
+    (train_x, train_y), test = load(args.data, True), load(args.data, False)
     if world > 1:
         model = DistributedDataParallel(model)
     torch.manual_seed(args.seed + 1000003 * rank)  # each rank its own dropout masks
     optimizer = make_optimizer(args, model.parameters())
     global_batch = args.batch_size * world
     steps_per_epoch = len(train_y) // global_batch
-    total_steps = steps_per_epoch * args.epochs
-    schedule, per_batch = make_schedule(args, optimizer, total_steps)
+    schedule, per_batch = make_schedule(args, optimizer, steps_per_epoch * args.epochs)
     shuffle = torch.Generator().manual_seed(args.seed)
-    target = None if args.target_accuracy is None else args.target_accuracy / 100
     metrics = open(args.metrics, "w") if args.metrics and rank == 0 else None
-
-    evals, eval_seconds, train_seconds, step = [], 0.0, 0.0, 0
-    reached = None
     if world > 1:
         dist.barrier()
-    start = time.perf_counter()
+    watch = Watch(test, None if args.target_accuracy is None else args.target_accuracy / 100, rank, world)
+    step, train_seconds = 0, 0.0
     for epoch in range(args.epochs):
         order = torch.randperm(len(train_y), generator=shuffle)
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        epoch_start, epoch_eval = time.perf_counter(), 0.0
+        loss_sum, epoch_start, epoch_eval = 0.0, time.perf_counter(), 0.0
         for k in range(steps_per_epoch):
-            first = k * global_batch + rank * args.batch_size
-            idx = order[first:first + args.batch_size]
-            x, y = train_x[idx], train_y[idx]
-            factor = (step + 1) / args.warmup if step < args.warmup else 1.0
-            if factor != 1.0:
-                lrs = [g["lr"] for g in optimizer.param_groups]
-                for g in optimizer.param_groups:
-                    g["lr"] *= factor
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.nll_loss(model(x), y)
-            loss.backward()
-            optimizer.step()
-            if factor != 1.0:
-                for g, lr in zip(optimizer.param_groups, lrs):
-                    g["lr"] = lr
+            idx = order[k * global_batch + rank * args.batch_size:][:args.batch_size]
+            loss_sum += train_step(model, optimizer, train_x[idx], train_y[idx], step, args.warmup)
             if per_batch:
                 schedule.step()
-            loss_sum += loss.detach()
             step += 1
             if (args.eval_every and step % args.eval_every == 0) or k == steps_per_epoch - 1:
-                t0 = time.perf_counter()
-                test_loss, accuracy = evaluate(model, test_x, test_y, rank, world)
-                t1 = time.perf_counter()
-                epoch_eval += t1 - t0
-                evals.append({"step": step, "epoch": step / steps_per_epoch, "test_accuracy": accuracy,
-                              "test_loss": test_loss, "elapsed_s": t1 - start})
-                if rank == 0:
-                    print(f"step {step} (epoch {step / steps_per_epoch:.2f}): test accuracy "
-                          f"{100 * accuracy:.2f}%, {t1 - start:.1f} s", file=sys.stderr, flush=True)
-                if target is not None and reached is None and accuracy >= target:
-                    reached = evals[-1]
+                epoch_eval += watch.evaluate(model, step, steps_per_epoch)
+                if watch.reached:
                     break
         if schedule is not None and not per_batch:
             schedule.step()
         seconds = time.perf_counter() - epoch_start - epoch_eval
-        eval_seconds += epoch_eval
         train_seconds += seconds
         taken = step - epoch * steps_per_epoch
         if metrics:
-            metrics.write(json.dumps({"epoch": epoch, "steps": taken, "train_loss": loss_sum.item() / taken,
-                                      "test_loss": evals[-1]["test_loss"],
-                                      "test_accuracy": evals[-1]["test_accuracy"],
+            metrics.write(json.dumps({"epoch": epoch, "steps": taken, "train_loss": float(loss_sum) / taken,
+                                      "test_loss": watch.evals[-1]["test_loss"],
+                                      "test_accuracy": watch.evals[-1]["test_accuracy"],
                                       "images_per_s": taken * global_batch / seconds, "seconds": seconds,
                                       "eval_seconds": epoch_eval}) + "\n")
             metrics.flush()
-        if reached:
+        if watch.reached:
             break
-    total = time.perf_counter() - start
     if metrics:
         metrics.close()
+    reached = watch.reached or {}
     return {
-        "time_to_target_s": reached["elapsed_s"] if reached else None,
-        "target_step": reached["step"] if reached else None,
-        "target_accuracy": target, "eval_seconds": eval_seconds, "seconds": total,
-        "final_accuracy": evals[-1]["test_accuracy"], "final_test_loss": evals[-1]["test_loss"],
+        "time_to_target_s": reached.get("elapsed_s"), "target_step": reached.get("step"),
+        "target_accuracy": watch.target, "eval_seconds": reached.get("eval_seconds", watch.seconds),
+        "seconds": time.perf_counter() - watch.start,
+        "final_accuracy": watch.evals[-1]["test_accuracy"], "final_test_loss": watch.evals[-1]["test_loss"],
         "steps": step, "steps_per_epoch": steps_per_epoch, "global_batch": global_batch,
         "images_per_s": step * global_batch / train_seconds,
         "layout": (f"DDP over gloo, {world} processes x {args.threads // world} threads" if world > 1
                    else f"1 process x {args.threads} threads"),
-        "ranks": world, "threads": args.threads, "evals": evals,
+        "ranks": world, "threads": args.threads, "evals": watch.evals,
         "settings": {k: getattr(args, k) for k in ("recipe", "optimizer", "lr", "momentum", "nesterov",
                                                    "weight_decay", "betas", "eps", "rho", "lr_schedule",
                                                    "lr_step", "gamma", "warmup", "batch_size", "epochs",
