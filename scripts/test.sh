@@ -25,7 +25,8 @@ suite() {
   local dir=$1 setup_args=$2 test_args=$3
   echo "== $dir: meson setup $setup_args"
   if [ -f "$dir/build.ninja" ]; then
-    meson configure "$dir" $setup_args >/dev/null || { failed=$((failed + 1)); return; }
+    # --reconfigure reads meson_options.txt anew, so an option added since is known.
+    meson setup --reconfigure "$dir" $setup_args >/dev/null || { failed=$((failed + 1)); return; }
   else
     meson setup "$dir" $setup_args >/dev/null || { failed=$((failed + 1)); return; }
   fi
