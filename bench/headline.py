@@ -7,26 +7,16 @@
     bench/headline.py --check README.md        # exits 1 unless the file holds the table as printed
 """
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from records import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RESULTS = [ROOT / "bench" / "results" / "compare-fashion.jsonl", ROOT / "bench" / "results" / "compare.jsonl"]
 # compare.py's defaults: a flag is shown only when the run differs from them.
 DEFAULTS = {"device": "cpu", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "seed": 1,
             "data": "/usr/share/datasets/fashion-mnist"}
-
-
-def read_records(path):
-    try:
-        with open(path) as f:
-            records = [json.loads(line) for line in f if line.strip()]
-    except (OSError, json.JSONDecodeError) as e:
-        sys.exit(f"bench/headline.py: {path}: {e}")
-    if not records:
-        sys.exit(f"bench/headline.py: {path}: no records")
-    return records
 
 
 def dataset(record):
@@ -77,7 +67,7 @@ def main():
     p.add_argument("--check", action="append", type=Path, default=[],
                    help="a file that must hold the table exactly as printed (repeatable)")
     args = p.parse_args()
-    text = table([r for path in (args.results or DEFAULT_RESULTS) for r in read_records(path)])
+    text = table([r for path in (args.results or DEFAULT_RESULTS) for r in read_records(path, "bench/headline.py")])
     if not args.check:
         sys.stdout.write(text)
         return

@@ -10,8 +10,6 @@ Curves: train and test loss, test accuracy and training images/s per epoch. Uses
 Debian's python3-matplotlib (scripts/setup.sh installs it).
 """
 import argparse
-import json
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -19,20 +17,13 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
+from records import read_records  # noqa: E402
+
+PROG = "bench/plot.py"
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 PICTURES = ROOT / "docs"
-
-
-def read_lines(path):
-    try:
-        with open(path) as f:
-            records = [json.loads(line) for line in f if line.strip()]
-    except (OSError, json.JSONDecodeError) as e:
-        sys.exit(f"bench/plot.py: {path}: {e}")
-    if not records:
-        sys.exit(f"bench/plot.py: {path}: no records")
-    return records
 
 
 def curves(out, runs):
@@ -90,7 +81,7 @@ def bars(out, comparisons):
 
 def readme():
     """The README's pictures: bench/results/compare.jsonl, made by the commands in the README."""
-    comparisons = read_lines(RESULTS / "compare.jsonl")
+    comparisons = read_records(RESULTS / "compare.jsonl", PROG)
     PICTURES.mkdir(exist_ok=True)
     bars(PICTURES / "compare.png", comparisons)
     full = [c for c in comparisons if not c["max_steps"] and c["epochs"] > 1]
@@ -102,7 +93,7 @@ def readme():
 
 def run_arg(text):
     path, _, label = text.partition("=")
-    return label or Path(path).stem, read_lines(path)
+    return label or Path(path).stem, read_records(path, PROG)
 
 
 def main():
@@ -119,7 +110,7 @@ def main():
     if args.what == "curves":
         curves(args.out, [run_arg(r) for r in args.runs])
     elif args.what == "bars":
-        bars(args.out, read_lines(args.results))
+        bars(args.out, read_records(args.results, PROG))
     else:
         readme()
 

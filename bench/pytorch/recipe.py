@@ -23,7 +23,6 @@ JSON object on stdout; progress goes to stderr.
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from demo import DEFAULT_DATA, IDX_FILES, MEAN, STD, Net, find_idx, read_idx
+from demo import DEFAULT_DATA, IDX_FILES, MEAN, STD, Net, find_idx, free_port, read_idx
 from recipes import DEFAULTS, OPTIMIZER_DEFAULTS, RECIPES
 
 TEST_BATCH = 1000
@@ -283,12 +282,6 @@ def rank_main(rank, args, port, queue):
     if rank == 0 and queue is not None:
         queue.put(result)
     return result
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv=None):

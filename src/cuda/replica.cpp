@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -248,7 +249,9 @@ class CudaReplica final : public Replica {
   void set_update_values(const OptimizerOptions& options) override {
     device_.activate();
     const UpdateValues v = base_values(options);
+    if (written_ && written_->lr == v.lr && written_->momentum == v.momentum) return;
     write_update_values(values_.data(), v.lr, v.momentum, stream());
+    written_ = v;
   }
 
   float* params() override { return params_.data(); }
@@ -331,8 +334,8 @@ class CudaReplica final : public Replica {
 
   // The update, gated or not. Its scalars are made on the device from the values there
   // and the updates applied, so that a recorded step replays right: the values are
-  // written here unless recording, where set_update_values() writes them before each
-  // replay.
+  // written here (unless already there) when not recording; when recording,
+  // set_update_values() writes them before each replay.
   void apply(const OptimizerOptions& options, const int* gate) {
     if (!device_.recording()) set_update_values(options);
     begin_update(options, values_.data(), applied_.data(), gate, scalars_.data(), stream());
@@ -424,6 +427,7 @@ class CudaReplica final : public Replica {
   DeviceBuffer<double> squares_;  // sum_of_squares' partial sums and total
   DeviceBuffer<int> gate_;        // guarded_update's decision
   DeviceBuffer<double> values_;   // the next update's learning rate and momentum (write_update_values)
+  std::optional<UpdateValues> written_;  // what values_ was last set to, in stream order
   DeviceBuffer<unsigned long long> applied_;  // updates applied
   DeviceBuffer<UpdateScalars> scalars_;       // the update's, from begin_update
   InputStage input_;

@@ -7,6 +7,7 @@
 #include <array>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -23,6 +24,15 @@
 
 namespace mnist_mt {
 namespace {
+
+// Loss, correct and sample sums from sums[0..2], as allreduce_host exchanges them.
+StepStats stats_of(std::span<const double> sums) {
+  StepStats s;
+  s.loss_sum = sums[0];
+  s.correct = sums[1];
+  s.samples = sums[2];
+  return s;
+}
 
 class DdpWorker {
  public:
@@ -118,17 +128,11 @@ class DdpWorker {
     std::array<double, 6> sums{train.loss_sum, train.correct, train.samples, test.loss_sum, test.correct, test.samples};
     run_.beat(rank_, step_, Phase::kCommWait);
     comm_.allreduce_host(sums);
-    const auto world_stats = [&](std::size_t at) {  // the world's sums from sums[at]
-      StepStats s;
-      s.loss_sum = sums[at];
-      s.correct = sums[at + 1];
-      s.samples = sums[at + 2];
-      return s;
-    };
-    if (evaluate_now) target_.evaluated(m, world_stats(3), began, step_);
+    const std::span<const double> world(sums);
+    if (evaluate_now) target_.evaluated(m, stats_of(world.subspan(3)), began, step_);
     const bool go_on = !target_.reached();
     if (run_.global(rank_) != 0) return go_on;
-    set_results(m, world_stats(0), target_.reached() && epoch_step != 0 ? target_.reached_test() : world_stats(3));
+    set_results(m, stats_of(world), epoch_step != 0 ? target_.reached_test() : stats_of(world.subspan(3)));
     run_.end_epoch(m, *replica_, step_, epoch_step);
     return go_on;
   }
@@ -140,11 +144,7 @@ class DdpWorker {
     std::array<double, 3> sums{mine.loss_sum, mine.correct, mine.samples};
     run_.beat(rank_, step_, Phase::kCommWait);
     comm_.allreduce_host(sums);
-    StepStats world;
-    world.loss_sum = sums[0];
-    world.correct = sums[1];
-    world.samples = sums[2];
-    return world;
+    return stats_of(sums);
   }
 
   // A resumed epoch: the batches of the steps the checkpoint has taken already.

@@ -21,6 +21,7 @@
 #include "progress.hpp"
 #include "saver.hpp"
 #include "shared_loaders.hpp"
+#include "start.hpp"
 #include "trace.hpp"
 #include "trainer_testing.hpp"
 #include "watchdog.hpp"
@@ -49,18 +50,6 @@ class ProcessesSilent : public RuntimeFailure {
 // on every rank at the same steps.
 constexpr std::uint64_t kReadEvery = 16;
 
-// How a run's ranks compute the world's batch. Normally a shard of it each, of the
-// configured batch. A DDP run on CPU devices in one process that resumes a checkpoint
-// made by more ranks, with the same global batch, whose sums were added shard by shard
-// (Checkpoint::shard_order), computes that run's shards instead:
-// `shards` of `batch` images, in blocks of consecutive shards, as even as they go, each
-// rank its block in turn; the gradients are summed in shard order, so its weights are
-// that run's, bit for bit.
-struct ShardLayout {
-  std::uint32_t shards = 0;  // the world's
-  std::uint32_t batch = 0;
-  std::string note;  // for the progress stream when resuming under another rank count
-};
 
 class Run {
  public:

@@ -1,0 +1,168 @@
+#include "start.hpp"
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/model.hpp"
+
+namespace mnist_mt {
+namespace {
+
+void check(const TrainConfig& config, const Dataset& data, int world) {
+  check_train_config(config);
+  // A run of no epochs only evaluates: its batches shard the test set.
+  const bool evaluating = config.epochs == 0;
+  const std::size_t images = evaluating ? data.test.size() : data.train.size();
+  const std::uint64_t global = std::uint64_t{config.batch} * static_cast<std::uint64_t>(world);
+  if (global > images) {
+    throw InputError("the global batch, " + std::to_string(global) + " images (batch size " +
+                         std::to_string(config.batch) + " on " + std::to_string(world) + " ranks), exceeds the " +
+                         std::to_string(images) + (evaluating ? " test images" : " training images"),
+                     "batch");
+  }
+}
+
+// A checkpoint's position that this run can continue from: a step within its epoch (of
+// its global batch), and a step count with room for every step the run adds to it.
+void check_position(const Checkpoint& c, const TrainConfig& config, const Dataset& data, int world) {
+  if (config.epochs == 0) return;  // evaluation reads the weights only
+  const std::string file = config.load->string();
+  const std::uint64_t global =
+      c.global_batch() != 0 ? c.global_batch() : std::uint64_t{config.batch} * static_cast<std::uint64_t>(world);
+  const std::uint64_t per_epoch = data.train.size() / global;
+  if (c.epoch_step != 0 && c.epoch_step >= per_epoch)
+    throw InputError(file + ": its position, step " + std::to_string(c.epoch_step) + " of epoch " +
+                         std::to_string(c.epoch + 1) + ", is past the end of an epoch of " +
+                         std::to_string(per_epoch) + " steps of " + std::to_string(global) + " images",
+                     "load");
+  if (!c.state.first.empty() && c.optimizer != config.optimizer.kind)
+    throw InputError(file + " holds the state of the " + std::string(optimizer_name(c.optimizer)) +
+                         " optimizer, this run's is " + std::string(optimizer_name(config.optimizer.kind)) +
+                         ": resume it with the same optimizer",
+                     "load");
+  const std::uint64_t left = config.epochs > c.epoch ? std::uint64_t{config.epochs - c.epoch} * per_epoch : 0;
+  if (c.step > std::numeric_limits<std::uint64_t>::max() - left)
+    throw InputError(file + ": its step count, " + std::to_string(c.step) + ", leaves no room for the " +
+                         std::to_string(left) + " steps of " + std::to_string(config.epochs - c.epoch) +
+                         " more epochs",
+                     "load");
+}
+
+std::string ranks_text(std::uint64_t ranks, std::uint64_t batch) {
+  return std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") + " x " + std::to_string(batch);
+}
+
+}  // namespace
+
+// Where this process's ranks are: the processes agree that each runs as many ranks.
+Place place_of(const TrainConfig& config) {
+  Place place;
+  const int ranks = static_cast<int>(config.devices.size());
+  place.world = ranks;
+  const std::shared_ptr<Processes>& processes = config.processes;
+  if (processes == nullptr || processes->count() == 1) return place;
+  if (config.mode == Mode::kDp) {
+    throw SameOnEveryProcess("--mode dp drives every device from one thread of one process: run it without mpirun/srun");
+  }
+  const int count = processes->count(), me = processes->index();
+  std::vector<std::int32_t> all(static_cast<std::size_t>(count));
+  const std::int32_t mine = ranks;
+  // Within --timeout: a process that failed before this exchange has ended the launch,
+  // but one that stopped has not.
+  allgather_within(*processes, &mine, all.data(), sizeof mine, config.timeout_s, "while the processes set up");
+  for (int p = 0; p < count; ++p) {
+    if (all[static_cast<std::size_t>(p)] != mine) {
+      throw SameOnEveryProcess("process " + std::to_string(p) + " (host " + processes->host(p) + ") runs " +
+                       std::to_string(all[static_cast<std::size_t>(p)]) + " ranks and process " + std::to_string(me) +
+                       " (host " + processes->host(me) + ") " + std::to_string(mine) +
+                       ": every process must run as many (--cpu, --gpus)");
+    }
+  }
+  place.processes = processes;
+  place.timeout_s = config.timeout_s;
+  place.first_rank = me * ranks;
+  place.world = count * ranks;
+  return place;
+}
+
+// The checkpoint's parameters, optimizer state and loop state (its seed too, so that a resumed
+// run draws what an uninterrupted one would), or fresh parameters from the seed.
+Checkpoint starting_point(const TrainConfig& config, const Dataset& data, int world) {
+  check(config, data, world);
+  if (config.load) {
+    Checkpoint loaded;
+    try {
+      loaded = load_checkpoint(*config.load);
+    } catch (const InputError& e) {
+      throw InputError(e.what(), "load");
+    }
+    check_position(loaded, config, data, world);
+    return loaded;
+  }
+  Checkpoint start;
+  start.params.resize(kParamCount);
+  init_parameters(config.seed, start.params);
+  start.seed = config.seed;
+  return start;
+}
+
+// Whether a run adds its gradients shard by shard in world order, so that a run of fewer
+// ranks can repeat its sums (Checkpoint::shard_order): DDP on CPU devices, in one process
+// or with a rank a process (otherwise each process's sum comes first).
+bool sums_in_shard_order(const TrainConfig& config, const Place& place, const Backend& backend) {
+  return config.mode == Mode::kDdp && backend.sums_shards() &&
+         (place.process_count() == 1 || config.devices.size() == 1);
+}
+
+// How the run's ranks compute the world's batch (ShardLayout): as the checkpoint's world
+// did when it resumes one of the same global batch made by more ranks whose sums it can
+// repeat, and a shard of the configured batch a rank otherwise.
+ShardLayout layout_of(const TrainConfig& config, const Place& place, const Checkpoint& start, const Backend& backend) {
+  const auto world = static_cast<std::uint32_t>(place.world);
+  ShardLayout layout{world, config.batch, ""};
+  // Nothing to match: a fresh run, or one with no step left (evaluation).
+  if (!config.load || config.epochs <= start.epoch) return layout;
+  const std::string file = config.load->string();
+  const std::string position =
+      "step " + std::to_string(start.epoch_step) + " of epoch " + std::to_string(start.epoch + 1);
+  if (start.world == 0) {  // a file from before the layout was recorded
+    if (start.epoch_step != 0)
+      layout.note = "mnist_mt: " + file + " does not record its global batch: its position, " + position +
+                    ", is taken in steps of this run's";
+    return layout;
+  }
+  const std::uint64_t global = std::uint64_t{config.batch} * world;
+  const std::string theirs = ranks_text(start.world, start.batch), ours = ranks_text(world, config.batch);
+  if (start.global_batch() != global) {
+    // A position in an epoch counts steps of the checkpoint's global batch.
+    if (start.epoch_step != 0)
+      throw InputError(file + " stopped after " + position + " with a global batch of " +
+                           std::to_string(start.global_batch()) + " images (" + theirs + "), this run's is " +
+                           std::to_string(global) + " (" + ours + "): resume it with the same global batch",
+                       "load");
+    return layout;
+  }
+  if (start.world == world) return layout;
+  const std::string why = config.mode != Mode::kDdp     ? "--mode dp"
+                          : !backend.sums_shards()      ? backend.name() + " devices"
+                          : place.process_count() > 1   ? "several processes"
+                          : world > start.world         ? "more ranks than its"
+                          : !start.shard_order          ? "its sums were not added shard by shard"
+                                                        : "";
+  const std::string resuming = "mnist_mt: resuming a checkpoint of " + theirs + " on " + ours + ": ";
+  if (!why.empty()) {
+    layout.note = resuming + "the same steps, their sums rounded otherwise (not bit for bit: " + why + ")";
+    return layout;
+  }
+  layout.shards = start.world;
+  layout.batch = start.batch;
+  const std::uint32_t fewest = start.world / world, most = fewest + (start.world % world != 0 ? 1 : 0);
+  layout.note = resuming + "its " + std::to_string(start.world) + " shards of " + std::to_string(start.batch) +
+                " computed " + std::to_string(fewest) + (most != fewest ? " or " + std::to_string(most) : "") +
+                " a rank, in turn, and summed in its order: bit for bit its run";
+  return layout;
+}
+
+}  // namespace mnist_mt
