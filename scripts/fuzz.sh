@@ -18,7 +18,7 @@ build() {  # build NAME SOURCES... [FLAGS...]
 }
 build idx_raw fuzz/fuzz_idx.cpp src/data/idx.cpp src/data/gunzip.cpp
 build idx_gzip fuzz/fuzz_idx.cpp src/data/idx.cpp src/data/gunzip.cpp -DFUZZ_GZIP
-build checkpoint fuzz/fuzz_checkpoint.cpp src/model/checkpoint.cpp src/data/file_io.cpp
+build checkpoint fuzz/fuzz_checkpoint.cpp src/model/checkpoint.cpp src/base/file_io.cpp
 
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(idx_raw idx_gzip checkpoint)

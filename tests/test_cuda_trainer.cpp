@@ -16,7 +16,6 @@
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/trainer.hpp"
-#include "train/trainer_testing.hpp"
 #include "train_fixture.hpp"
 
 namespace mnist_mt {
@@ -86,7 +85,7 @@ TEST(CudaTrainer, OneGpuTrainsWhatOneCpuRankTrains) {
 
 // Injects a fault at `rank`'s step 5: the run fails naming them, within 30 s.
 void expect_fault_ends_the_run(TrainConfig c, int rank) {
-  TrainerTesting::inject(c, FaultInjection{rank, 5});
+  c.faults.fault = FaultInjection{rank, 5};
   auto backend = make_cuda_backend({});
   const auto start = std::chrono::steady_clock::now();
   try {

@@ -21,7 +21,6 @@
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"
 #include "train/saver.hpp"
-#include "train/trainer_testing.hpp"
 #include "train_fixture.hpp"
 
 namespace mnist_mt {
@@ -431,7 +430,7 @@ TEST_F(ResumeTest, AStalledRankFailsTheRunWithinTheTimeout) {
     TrainConfig c = config_for(3, 8);
     c.timeout_s = 1;
     const StallInjection stall{static_cast<int>(rng_() % 3), rng_() % 20, phase};
-    TrainerTesting::inject(c, stall);
+    c.faults.stall = stall;
     const std::string name = phase == StallPhase::kData ? "data" : "collective";
     const std::string expected = "rank " + std::to_string(stall.rank) + " failed at step " +
                                  std::to_string(stall.step) + ": stalled in phase " + name;
@@ -478,7 +477,7 @@ TEST_F(ResumeTest, ASkippedNonFiniteStepIsDroppedOnEveryRankAlike) {
     TrainConfig c = two_epochs(mode);
     c.on_nan = NanPolicy::kSkip;
     const NanInjection nan{static_cast<int>(rng_() % 2), 1 + rng_() % 38};
-    TrainerTesting::inject(c, nan);
+    c.faults.nan = nan;
     SCOPED_TRACE(testing::Message() << "rank " << nan.rank << " step " << nan.step);
     const TrainResult skipped = run(c);
     ASSERT_EQ(skipped.epochs.size(), 2u);
@@ -508,7 +507,7 @@ TEST_F(ResumeTest, ANonFiniteLossStopsTheRunNamingRankAndStep) {
   for (Mode mode : {Mode::kDdp, Mode::kDp}) {
     TrainConfig c = two_epochs(mode);
     const NanInjection nan{static_cast<int>(rng_() % 2), rng_() % 40};
-    TrainerTesting::inject(c, nan);
+    c.faults.nan = nan;
     const std::string expected = "rank " + std::to_string(nan.rank) + " failed at step " + std::to_string(nan.step) +
                                  ": non-finite training loss";
     try {

@@ -25,7 +25,6 @@
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "train/buckets.hpp"
-#include "train/trainer_testing.hpp"
 #include "train_fixture.hpp"
 
 namespace mnist_mt {
@@ -166,7 +165,7 @@ TEST(Trainer, AFaultOnARandomRankAtARandomStepStopsEveryRankWithinSeconds) {
     c.epochs = 2;
     c.max_steps = 10;
     const FaultInjection fault{static_cast<int>(rng() % 3), rng() % 20};  // either epoch
-    TrainerTesting::inject(c, fault);
+    c.faults.fault = fault;
     const std::string expected = "rank " + std::to_string(fault.rank) + " failed at step " +
                                  std::to_string(fault.step) + ": injected fault";
     SCOPED_TRACE(expected);
@@ -423,7 +422,7 @@ TEST(Trainer, BadConfigIsAnInputError) {
   TrainConfig c = config_for(2, 400);  // a global batch of 800 > 640 images
   EXPECT_THROW(run(c), InputError);
   c = config_for(2, 8);
-  TrainerTesting::inject(c, FaultInjection{2, 0});
+  c.faults.fault = FaultInjection{2, 0};
   EXPECT_THROW(run(c), InputError);
   // Each refused with the value's name, before any work.
   const std::vector<std::pair<std::function<void(TrainConfig&)>, std::string>> cases{

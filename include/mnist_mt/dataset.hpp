@@ -5,11 +5,9 @@
 #include <filesystem>
 #include <vector>
 
-namespace mnist_mt {
+#include "mnist_mt/model.hpp"  // kImageBytes
 
-inline constexpr std::size_t kImageSide = 28;
-inline constexpr std::size_t kImageBytes = kImageSide * kImageSide;
-inline constexpr std::size_t kClasses = 10;
+namespace mnist_mt {
 
 struct Split {
   std::vector<std::uint8_t> images;  // size() * kImageBytes

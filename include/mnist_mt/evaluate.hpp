@@ -9,11 +9,9 @@
 
 #include "mnist_mt/backend.hpp"
 #include "mnist_mt/dataset.hpp"
+#include "mnist_mt/model.hpp"  // ConfusionMatrix
 
 namespace mnist_mt {
-
-// [label][predicted class] -> samples.
-using ConfusionMatrix = std::array<std::array<std::uint64_t, kClasses>, kClasses>;
 
 struct EvalConfig {
   std::vector<int> devices;  // rank i drives devices[i]

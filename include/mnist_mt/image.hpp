@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 
-#include "mnist_mt/dataset.hpp"
+#include "mnist_mt/model.hpp"
 
 namespace mnist_mt {
 

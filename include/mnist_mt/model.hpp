@@ -44,6 +44,13 @@ constexpr Range layer_range(int layer) {
   return {kParams[2 * layer].offset, kParams[2 * layer].count + kParams[2 * layer + 1].count};
 }
 
+// The input: one 28x28 grey image of one of ten classes (MNIST and Fashion-MNIST alike).
+inline constexpr std::size_t kImageSide = 28;
+inline constexpr std::size_t kImageBytes = kImageSide * kImageSide;
+inline constexpr std::size_t kClasses = 10;
+// An evaluation's outcome: [label][predicted class] -> samples.
+using ConfusionMatrix = std::array<std::array<std::uint64_t, kClasses>, kClasses>;
+
 // Activation geometry (square maps, side x side per channel), shared by the backends.
 inline constexpr std::size_t kConv1Channels = 32, kConv1Side = 26;  // conv1 3x3 on 28x28
 inline constexpr std::size_t kConv2Channels = 64, kConv2Side = 24;  // conv2 3x3 on 26x26

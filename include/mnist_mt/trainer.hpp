@@ -15,6 +15,7 @@
 
 #include "mnist_mt/backend.hpp"
 #include "mnist_mt/dataset.hpp"
+#include "mnist_mt/faults.hpp"
 #include "mnist_mt/replica.hpp"
 #include "mnist_mt/schedule.hpp"
 
@@ -22,7 +23,6 @@ namespace mnist_mt {
 
 enum class Mode { kDdp, kDp };
 
-struct TrainHooks;  // src/train/trainer_testing.hpp
 
 // What a step whose loss or gradient norm is not finite does: stop fails the run naming
 // the step and the rank; skip drops that step's update on every rank alike (the decision
@@ -109,10 +109,8 @@ struct TrainConfig {
   // world. World rank 0's process alone writes the metrics, checkpoints and trace, and
   // reports progress and results (the others' TrainResult has no epochs).
   std::shared_ptr<Processes> processes;
-
- private:
-  friend struct TrainerTesting;  // src/train/trainer_testing.hpp: injected faults and stalls
-  std::shared_ptr<const TrainHooks> hooks_;
+  // Faults to meet on purpose (include/mnist_mt/faults.hpp): none by default.
+  Faults faults;
 };
 
 struct PhaseSeconds {

@@ -15,7 +15,9 @@ std::string version();  // the project's, from meson.build
 std::vector<std::string> backends_built();  // "cpu", and "cuda" when built
 
 // Per layer, each from its headers at compile time.
-std::vector<LibraryVersion> data_library_versions();  // libcurl, OpenSSL, libpng, zlib, oneTBB
+std::vector<LibraryVersion> data_library_versions();   // oneTBB, zlib
+std::vector<LibraryVersion> fetch_library_versions();  // libcurl, OpenSSL
+std::vector<LibraryVersion> image_library_versions();  // libpng
 std::vector<LibraryVersion> cpu_library_versions();   // oneDNN
 std::vector<LibraryVersion> cuda_library_versions();  // CUDA, cuDNN, NCCL
 LibraryVersion mpi_library_version();                 // the MPI library's own words, or "not built"

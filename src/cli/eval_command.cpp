@@ -5,7 +5,7 @@
 #include <string>
 
 #include "commands.hpp"
-#include "data/file_io.hpp"
+#include "mnist_mt/file_io.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/evaluate.hpp"
 #include "outputs.hpp"

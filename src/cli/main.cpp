@@ -14,7 +14,7 @@
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/processes.hpp"
 #include "mnist_mt/trainer.hpp"
-#include "train/signal_watch.hpp"
+#include "signal_watch.hpp"
 
 namespace {
 

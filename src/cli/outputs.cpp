@@ -6,8 +6,8 @@
 #include <iostream>
 #include <system_error>
 
-#include "data/catalog.hpp"
-#include "data/file_io.hpp"
+#include "fetch/catalog.hpp"
+#include "mnist_mt/file_io.hpp"
 #include "mnist_mt/error.hpp"
 #include "train/saver.hpp"
 

@@ -13,8 +13,7 @@
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "outputs.hpp"
-#include "train/signal_watch.hpp"
-#include "train/trainer_testing.hpp"
+#include "signal_watch.hpp"
 
 namespace mnist_mt::cli {
 namespace {
@@ -230,13 +229,13 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   config.on_nan = f.on_nan == "skip" ? NanPolicy::kSkip : NanPolicy::kStop;
   if (f.inject_fault) {
     const auto [rank, step] = parse_rank_step(*f.inject_fault, "--inject-fault");
-    TrainerTesting::inject(config, FaultInjection{rank, step});
+    config.faults.fault = FaultInjection{rank, step};
   }
   if (f.inject_nan) {
     const auto [rank, step] = parse_rank_step(*f.inject_nan, "--inject-nan");
-    TrainerTesting::inject(config, NanInjection{rank, step});
+    config.faults.nan = NanInjection{rank, step};
   }
-  if (f.inject_stall) TrainerTesting::inject(config, parse_stall(*f.inject_stall));
+  if (f.inject_stall) config.faults.stall = parse_stall(*f.inject_stall);
   config.save_every = count_flag(f.save_every, 0, "--save-every");
   config.keep = count_flag(f.keep, 0, "--keep");
   config.timeout_s = f.timeout;

@@ -1,6 +1,5 @@
 #include "conv1.hpp"
 
-#include "mnist_mt/dataset.hpp"
 #include "mnist_mt/model.hpp"
 #include "simd.hpp"
 

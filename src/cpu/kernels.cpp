@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "isa.hpp"
-#include "mnist_mt/dataset.hpp"
 #include "mnist_mt/model.hpp"
 #include "simd.hpp"
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "errors.hpp"
-#include "mnist_mt/dataset.hpp"
+#include "mnist_mt/model.hpp"
 #include "mnist_mt/error.hpp"
 
 namespace mnist_mt::cuda {

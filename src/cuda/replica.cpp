@@ -12,7 +12,6 @@
 #include "input.hpp"
 #include "kernels.hpp"
 #include "linear.hpp"
-#include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 

@@ -1,6 +1,3 @@
-#include <curl/curl.h>
-#include <openssl/opensslv.h>
-#include <png.h>
 #include <zlib.h>
 
 #include <oneapi/tbb/version.h>
@@ -10,11 +7,7 @@
 namespace mnist_mt {
 
 std::vector<LibraryVersion> data_library_versions() {
-  return {{"oneTBB", TBB_VERSION_STRING},
-          {"libcurl", LIBCURL_VERSION},
-          {"OpenSSL", OPENSSL_VERSION_STR},
-          {"libpng", PNG_LIBPNG_VER_STRING},
-          {"zlib", ZLIB_VERSION}};
+  return {{"oneTBB", TBB_VERSION_STRING}, {"zlib", ZLIB_VERSION}};
 }
 
 }  // namespace mnist_mt

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "data/file_io.hpp"
+#include "mnist_mt/file_io.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 

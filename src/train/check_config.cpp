@@ -5,7 +5,6 @@
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "saver.hpp"
-#include "trainer_testing.hpp"
 
 namespace mnist_mt {
 namespace {
@@ -78,7 +77,7 @@ void check_train_config(const TrainConfig& config) {
   }
   if (config.trace && config.mode != Mode::kDdp) throw InputError("a trace is recorded in ddp mode only", "trace");
   if (config.trace && config.trace_steps == 0) throw InputError("tracing 0 steps: must be at least 1", "trace_steps");
-  const TrainHooks& hooks = TrainerTesting::hooks(config);
+  const Faults& hooks = config.faults;
   // World ranks: every process runs as many ranks (checked when the run starts).
   const std::size_t world = config.devices.size() * static_cast<std::size_t>(config.processes ? config.processes->count() : 1);
   if (hooks.fault) check_rank("injected fault", hooks.fault->rank, world, "fault");

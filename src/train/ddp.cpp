@@ -39,14 +39,14 @@ class DdpWorker {
   DdpWorker(Run& run, int rank)
       : run_(run),
         rank_(rank),
-        device_(*run.devices[rank]),
-        comm_(*run.comms[rank]),
-        buckets_(make_buckets(run.config.bucket_mb)),
-        step_(run.start.step),
-        timer_(device_, rank, run.trace ? &*run.trace : nullptr),
+        device_(run.device(rank)),
+        comm_(run.comm(rank)),
+        buckets_(make_buckets(run.config().bucket_mb)),
+        step_(run.start().step),
+        timer_(device_, rank, run.trace()),
         graphs_(device_, comm_),
         guard_(run.update_guard(comm_)),
-        target_(run.config),
+        target_(run.config()),
         first_shard_(run.first_shard(rank) - run.first_shard(0)),
         batches_(run.shard_count(rank)),
         kept_(run.shard_count(rank) - 1) {}
@@ -54,19 +54,18 @@ class DdpWorker {
   void operator()() noexcept {
     try {
       device_.activate();
-      replica_ = run_.backend.make_replica(device_, run_.shard_batch());
+      replica_ = run_.backend().make_replica(device_, run_.shard_batch());
       replica_->prepare(run_.batch_sizes(rank_));
       // No rank enters a collective while a peer still sets up (cuDNN's searches,
       // allocations): NCCL's kernels would hold the device while that peer waits for it.
       run_.await_peers();
       start();
-      for (std::uint32_t epoch = run_.start.epoch; epoch < run_.last_epoch(); ++epoch) {
+      for (std::uint32_t epoch = run_.start().epoch; epoch < run_.last_epoch(); ++epoch) {
         if (!train_epoch(epoch)) break;
       }
       run_.beat(rank_, step_, Phase::kDone);
       if (rank_ == 0) {
-        run_.result.params.resize(kParamCount);
-        replica_->read_params(run_.result.params);
+        run_.keep_params(*replica_);
       }
     } catch (...) {
       run_.fail(rank_, step_, std::current_exception());
@@ -78,8 +77,8 @@ class DdpWorker {
   // World rank 0's parameters reach every rank; the optimizer's state is the same
   // everywhere already.
   void start() {
-    if (rank_ == 0) replica_->write_params(run_.start.params);  // world rank 0 is the broadcast's root
-    if (!run_.start.state.first.empty()) replica_->write_state(run_.start.state);
+    if (rank_ == 0) replica_->write_params(run_.start().params);  // world rank 0 is the broadcast's root
+    if (!run_.start().state.first.empty()) replica_->write_state(run_.start().state);
     device_.comm_wait_compute();
     comm_.broadcast(replica_->params(), kParamCount, 0);
     device_.compute_wait_comm();
@@ -88,13 +87,13 @@ class DdpWorker {
   // False when a stop request ended the run inside this epoch, or it reached the target
   // accuracy.
   bool train_epoch(std::uint32_t epoch) {
-    const DropoutKey key{run_.start.seed, epoch};
+    const DropoutKey key{run_.start().seed, epoch};
     EpochMetrics m;
     m.epoch = epoch + 1;
     StepStats train;
     std::uint32_t epoch_step = 0;  // where the target was reached in the epoch; 0: at its end
     {
-      const auto lease = run_.loaders.acquire(epoch, true);
+      const auto lease = run_.loaders().acquire(epoch, true);
       const std::uint32_t first = run_.first_step(epoch);
       skip(lease.loader(), first);
       Replica* rank0 = run_.global(rank_) == 0 ? replica_.get() : nullptr;
@@ -102,7 +101,7 @@ class DdpWorker {
           rank_, m, first, run_.steps_in_epoch(lease.loader().steps()), rank0, step_, train,
           [&](PhaseSeconds& phase) {
             target_.step_started();
-            run_.inject_fault(rank_, step_);
+            run_.faults().fault(rank_, step_);
             step(lease.loader(), key, phase);
             ++step_;
           },
@@ -110,7 +109,7 @@ class DdpWorker {
           [&] {
             const double began = steady_seconds();
             const StepStats test = world_test(key);
-            if (rank0 != nullptr) run_.progress.evaluation(step_, test.correct / test.samples);
+            if (rank0 != nullptr) run_.report_evaluation(step_, test.correct / test.samples);
             return target_.evaluated(m, test, began, step_);
           });
       m.skipped_steps = train.skipped;
@@ -123,7 +122,7 @@ class DdpWorker {
     // The epoch's end: its test stats, unless the target was reached inside it.
     const double began = steady_seconds();
     run_.beat(rank_, step_, Phase::kEvaluate);
-    const bool evaluate_now = run_.config.evaluate && !target_.reached();
+    const bool evaluate_now = run_.config().evaluate && !target_.reached();
     const StepStats test = evaluate_now ? evaluate(key) : StepStats{};
     std::array<double, 6> sums{train.loss_sum, train.correct, train.samples, test.loss_sum, test.correct, test.samples};
     run_.beat(rank_, step_, Phase::kCommWait);
@@ -166,7 +165,7 @@ class DdpWorker {
   // which follows the previous step's work: such a rank runs ahead by less.)
   void step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {
     run_.beat(rank_, step_, Phase::kData);
-    run_.inject_stall(rank_, step_, StallPhase::kData);
+    run_.faults().stall(rank_, step_, StallPhase::kData);
     const double asked = steady_seconds();
     next_batches(loader);
     const double got = steady_seconds();
@@ -174,20 +173,20 @@ class DdpWorker {
     timer_.begin(step_, asked, got);
 
     run_.beat(rank_, step_, Phase::kForward);
-    run_.inject_stall(rank_, step_, StallPhase::kCompute);
-    run_.inject_nan(rank_, step_, *replica_);
+    run_.faults().stall(rank_, step_, StallPhase::kCompute);
+    run_.faults().nan(rank_, step_, *replica_);
     replica_->set_input(*batches_[0]);
     update_ = run_.update_options(step_);
     replica_->set_update_values(update_);
     // The host's part of the step ends here when a recording of it is replayed: a rank
     // that never joins the step's allreduces stalls before enqueueing any of its work.
     run_.beat(rank_, step_, Phase::kCollective);
-    run_.inject_stall(rank_, step_, StallPhase::kCollective);
+    run_.faults().stall(rank_, step_, StallPhase::kCollective);
     const std::uint32_t rows = batches_[0]->size;
     const auto enqueue = [&] { enqueue_step(key, rows); };
     graphs_.run({rows, replica_->input_buffer(), key.seed}, timer_, std::ref(enqueue));
     phase.host_launch += steady_seconds() - got;
-    run_.undo_nan(rank_, step_, *replica_);
+    run_.faults().undo_nan(rank_, step_, *replica_);
   }
 
   // The step's work after its input: forward, backward with each bucket's allreduce on
@@ -263,7 +262,7 @@ class DdpWorker {
 
   // This rank's shard of the test set; the caller sums the ranks' stats.
   StepStats evaluate(const DropoutKey& key) {
-    const auto lease = run_.loaders.acquire(key.epoch, false);
+    const auto lease = run_.loaders().acquire(key.epoch, false);
     return evaluate_shard(*replica_, lease.loader(), rank_, key, nullptr,
                           [this] { run_.beat(rank_, step_, Phase::kEvaluate); });
   }
@@ -297,12 +296,12 @@ void train_ddp(Run& run) {
         try {
           DdpWorker(run, r)();
         } catch (...) {  // the worker could not be made: its peers must not wait for it
-          run.fail(r, run.start.step, std::current_exception());
+          run.fail(r, run.start().step, std::current_exception());
         }
       });
     }
   } catch (...) {  // a thread that could not start: release those that did
-    run.fail(static_cast<int>(workers.size()), run.start.step, std::current_exception());
+    run.fail(static_cast<int>(workers.size()), run.start().step, std::current_exception());
   }
 }
 

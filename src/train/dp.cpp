@@ -29,41 +29,40 @@ namespace {
 
 class DpLoop {
  public:
-  explicit DpLoop(Run& run) : run_(run), step_(run.start.step), target_(run.config) {}
+  explicit DpLoop(Run& run) : run_(run), step_(run.start().step), target_(run.config()) {}
 
   void operator()() noexcept {
     try {
-      const std::uint32_t global = run_.config.batch * static_cast<std::uint32_t>(run_.ranks());
+      const std::uint32_t global = run_.config().batch * static_cast<std::uint32_t>(run_.ranks());
       for (int d = 0; d < run_.ranks(); ++d) {
         // Device 0 holds the global batch, its outputs and their gradients.
-        replicas_.push_back(run_.backend.make_replica(on(d), d == 0 ? global : run_.config.batch));
+        replicas_.push_back(run_.backend().make_replica(on(d), d == 0 ? global : run_.config().batch));
         replicas_.back()->prepare(run_.batch_sizes(d));
       }
       batch_.images.resize(std::size_t{global} * kImageBytes);
       batch_.labels.resize(global);
       batch_.indices.resize(global);
       on(0);
-      replicas_[0]->write_params(run_.start.params);
-      if (!run_.start.state.first.empty()) replicas_[0]->write_state(run_.start.state);
-      for (std::uint32_t epoch = run_.start.epoch; epoch < run_.last_epoch(); ++epoch) {
+      replicas_[0]->write_params(run_.start().params);
+      if (!run_.start().state.first.empty()) replicas_[0]->write_state(run_.start().state);
+      for (std::uint32_t epoch = run_.start().epoch; epoch < run_.last_epoch(); ++epoch) {
         if (!train_epoch(epoch)) break;
       }
       run_.beat(0, step_, Phase::kDone);
       on(0);
-      run_.result.params.resize(kParamCount);
-      replicas_[0]->read_params(run_.result.params);
+      run_.keep_params(*replicas_[0]);
     } catch (...) {
       run_.fail(rank_, step_, std::current_exception());
     }
-    for (auto& d : run_.devices) drain(*d);
+    for (int d = 0; d < run_.ranks(); ++d) drain(run_.device(d));
   }
 
  private:
   // Makes device d current for this thread; errors are blamed on its rank.
   Device& on(int d) {
     rank_ = d;
-    run_.devices[d]->activate();
-    return *run_.devices[d];
+    run_.device(d).activate();
+    return run_.device(d);
   }
 
   // Runs `op(d)` for every rank inside one group of collectives (the backend's, NCCL's,
@@ -71,7 +70,7 @@ class DpLoop {
   // a call inside throws: an open NCCL group would hold every later call of this thread,
   // the aborts of the failure path included. The first error is the one reported.
   void collective(const std::function<void(int)>& op) {
-    run_.backend.group_start();
+    run_.backend().group_start();
     local_group_start();
     std::exception_ptr first;
     try {
@@ -82,9 +81,9 @@ class DpLoop {
     } catch (...) {
       first = std::current_exception();
       // Ranks not reached never join: released, so that closing the group cannot wait for them.
-      for (auto& c : run_.comms) c->abort();
+      run_.abort_collectives();
     }
-    const std::function<void()> ends[] = {local_group_end, [this] { run_.backend.group_end(); }};
+    const std::function<void()> ends[] = {local_group_end, [this] { run_.backend().group_end(); }};
     for (const auto& end : ends) {
       try {
         end();
@@ -97,7 +96,7 @@ class DpLoop {
 
   // Device 0's parameters to every device; the host waits until all have them.
   void broadcast_params() {
-    collective([&](int d) { run_.comms[d]->broadcast(replicas_[d]->params(), kParamCount, 0); });
+    collective([&](int d) { run_.comm(d).broadcast(replicas_[d]->params(), kParamCount, 0); });
     synchronize_all();
   }
 
@@ -113,9 +112,9 @@ class DpLoop {
     collective([&](int d) {
       float* data = (replicas_[d].get()->*buffer)();
       if (scatter)
-        run_.comms[d]->scatter(data, counts, 0);
+        run_.comm(d).scatter(data, counts, 0);
       else
-        run_.comms[d]->gather(data, counts, 0);
+        run_.comm(d).gather(data, counts, 0);
     });
     for (int d = 0; d < run_.ranks(); ++d) on(d).compute_wait_comm();
   }
@@ -123,13 +122,13 @@ class DpLoop {
   // False when a stop request ended the run inside this epoch, or it reached the target
   // accuracy. The watchdog sees the one host thread as rank 0.
   bool train_epoch(std::uint32_t epoch) {
-    const DropoutKey key{run_.start.seed, epoch};
+    const DropoutKey key{run_.start().seed, epoch};
     EpochMetrics m;
     m.epoch = epoch + 1;
     StepStats train;
     std::uint32_t epoch_step = 0;  // where the target was reached in the epoch; 0: at its end
     {
-      Loader loader(run_.data.train, run_.loaders.options(epoch, true));
+      Loader loader(run_.data().train, run_.loaders().options(epoch, true));
       const std::uint32_t first = run_.first_step(epoch);
       for (std::uint32_t k = 0; k < first; ++k)
         for (int d = 0; d < run_.ranks(); ++d)
@@ -149,7 +148,7 @@ class DpLoop {
             const double began = steady_seconds();
             run_.beat(0, step_, Phase::kEvaluate);
             const StepStats test = evaluate(key);
-            run_.progress.evaluation(step_, test.correct / test.samples);
+            run_.report_evaluation(step_, test.correct / test.samples);
             return target_.evaluated(m, test, began, step_);
           });
       if (!done) {
@@ -163,7 +162,7 @@ class DpLoop {
     StepStats test;
     if (target_.reached()) {
       test = target_.reached_test();
-    } else if (run_.config.evaluate) {
+    } else if (run_.config().evaluate) {
       const double began = steady_seconds();
       run_.beat(0, step_, Phase::kEvaluate);
       test = evaluate(key);
@@ -183,7 +182,7 @@ class DpLoop {
     phase.data_wait += clock.lap();
 
     run_.beat(0, step_, Phase::kCollective);
-    collective([&](int d) { run_.comms[d]->broadcast(replicas_[d]->params(), kParamCount, 0); });
+    collective([&](int d) { run_.comm(d).broadcast(replicas_[d]->params(), kParamCount, 0); });
     on(0);
     replicas_[0]->set_input(batch_);
     move_rows(true, kImageBytes, &Replica::input);
@@ -203,7 +202,7 @@ class DpLoop {
     run_.beat(0, step_, Phase::kForward);
     for (int d = 0; d < world; ++d) {
       on(d);
-      run_.inject_nan(d, step_, *replicas_[d]);
+      run_.faults().nan(d, step_, *replicas_[d]);
       replicas_[d]->forward_logits(true, key);
     }
     for (int d = 0; d < world; ++d) on(d).wait_compute();
@@ -228,15 +227,15 @@ class DpLoop {
     phase.backward += clock.lap();
 
     run_.beat(0, step_, Phase::kCommWait);
-    collective([&](int d) { run_.comms[d]->reduce(replicas_[d]->grads(), kParamCount, ReduceOp::kSum, 0); });
+    collective([&](int d) { run_.comm(d).reduce(replicas_[d]->grads(), kParamCount, ReduceOp::kSum, 0); });
     on(0).synchronize();
     phase.comm_wait += clock.lap();
 
     run_.beat(0, step_, Phase::kOptimizer);
     on(0).compute_wait_comm();
-    const bool apply = run_.apply_update(0, stats.loss_sum, reduced_grad_norm(*run_.comms[0], *replicas_[0]));
+    const bool apply = run_.apply_update(0, stats.loss_sum, reduced_grad_norm(run_.comm(0), *replicas_[0]));
     if (apply) replicas_[0]->update(run_.update_options(step_));
-    for (int d = 0; d < world; ++d) run_.undo_nan(d, step_, *replicas_[d]);
+    for (int d = 0; d < world; ++d) run_.faults().undo_nan(d, step_, *replicas_[d]);
     on(0).wait_compute();
     phase.optimizer += clock.lap();
     if (!apply) return std::nullopt;
@@ -250,7 +249,7 @@ class DpLoop {
     std::uint32_t n = 0;
     for (int d = 0; d < world; ++d) {
       on(d);
-      run_.inject_fault(d, step_);
+      run_.faults().fault(d, step_);
       const Batch* b = loader.next(d);
       if (b == nullptr) throw RuntimeFailure("the loader ended early");
       if (b->size == 0) throw RuntimeFailure("an empty training shard");  // drop_last makes every shard full
@@ -270,7 +269,7 @@ class DpLoop {
   // loss is not finite fails the run (device 0 computes every row's loss; each row came
   // from one device). Under skip, the non-finite gradients drop the update.
   void blame_non_finite_loss() {
-    if (run_.config.on_nan != NanPolicy::kStop) return;
+    if (run_.config().on_nan != NanPolicy::kStop) return;
     std::uint32_t first = 0;
     for (int d = 0; d < run_.ranks(); ++d) {
       on(0);
@@ -287,7 +286,7 @@ class DpLoop {
   // Every device its shard of the test set, with device 0's parameters.
   StepStats evaluate(const DropoutKey& key) {
     broadcast_params();
-    Loader loader(run_.data.test, run_.loaders.options(key.epoch, false));
+    Loader loader(run_.data().test, run_.loaders().options(key.epoch, false));
     for (std::uint32_t k = 0; k < loader.steps(); ++k) {
       for (int d = 0; d < run_.ranks(); ++d) {
         const Batch* batch = loader.next(d);

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <functional>
 
-#include "mnist_mt/evaluate.hpp"
 #include "mnist_mt/loader.hpp"
+#include "mnist_mt/model.hpp"
 #include "mnist_mt/replica.hpp"
 
 namespace mnist_mt {

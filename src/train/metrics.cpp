@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <nlohmann/json.hpp>
 
-#include "data/file_io.hpp"
+#include "mnist_mt/file_io.hpp"
 
 namespace mnist_mt {
 namespace {

@@ -7,12 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
-#include <limits>
 #include <set>
 #include <span>
 #include <string>
-#include <thread>
 
 #include "comm/local_group.hpp"
 #include "mnist_mt/error.hpp"
@@ -49,52 +46,39 @@ std::uint64_t peak_rss_bytes() {
   return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-// Whether the test-only NaN injection is at world rank `rank`'s step `step`.
-bool nan_at(const TrainConfig& config, int rank, std::uint64_t step) {
-  const std::optional<NanInjection>& nan = TrainerTesting::hooks(config).nan;
-  return nan && nan->rank == rank && nan->step == step;
-}
-
-bool is_aborted(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const Aborted&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
-
 }  // namespace
 
 Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
-    : backend(backend),
-      data(data),
-      config(config),
-      place(place_of(config)),
-      start(starting_point(config, data, place.world)),
-      layout(layout_of(config, place, start, backend)),
-      devices(backend.make_devices(config.devices)),
-      comms(communicators(backend, config.devices, devices, sharded_place())),
-      loaders(data, train_shards(), test_shards(), start.seed, static_cast<std::uint32_t>(devices.size())),
-      progress(config.progress, std::uint64_t{config.batch} * static_cast<std::uint64_t>(place.world)),
+    : backend_(backend),
+      data_(data),
+      config_(config),
+      place_(place_of(config)),
+      start_(starting_point(config, data, place_.world)),
+      layout_(layout_of(config, place_, start_, backend)),
+      devices_(backend.make_devices(config.devices)),
+      comms_(communicators(backend, config.devices, devices_, sharded_place())),
+      loaders_(data, train_shards(), test_shards(), start_.seed, static_cast<std::uint32_t>(devices_.size())),
+      progress_(config.progress, std::uint64_t{config.batch} * static_cast<std::uint64_t>(place_.world)),
       saver_(config.keep),
       schedule_(config.schedule, config.optimizer, steps_in_epoch(training_steps()), config.epochs),
-      started_(devices.size(), 0) {
+      failures_(ranks(), place_.first_rank, place_.processes ? place_.processes->host(place_.process()) : "",
+                [this] { abort_collectives(); loaders_.cancel(); }),
+      stop_line_(ranks()),
+      faults_(config.faults, place_.first_rank, failures_) {
   // World rank 0's process writes the files and speaks.
-  if (!layout.note.empty() && config.progress != nullptr && place.process() == 0)
-    *config.progress << layout.note << "\n";
-  if (config.metrics && place.process() == 0) metrics_.emplace(*config.metrics, config.load.has_value());
-  if (config.trace && place.process() == 0) trace.emplace(*config.trace, start.step, config.trace_steps);
+  if (!layout_.note.empty() && config_.progress != nullptr && place_.process() == 0)
+    *config_.progress << layout_.note << "\n";
+  if (config_.metrics && place_.process() == 0) metrics_.emplace(*config_.metrics, config_.load.has_value());
+  if (config_.trace && place_.process() == 0) trace_.emplace(*config_.trace, start_.step, config_.trace_steps);
   Watchdog::Hooks hooks;
   hooks.on_stall = [this](int rank, std::uint64_t step, Phase phase, double seconds) {
-    const std::string timeout = seconds_text(this->config.timeout_s);
+    const std::string timeout = seconds_text(config_.timeout_s);
     if (const std::string missing = missing_processes(); !missing.empty()) {
       fail(rank, step,
            std::make_exception_ptr(ProcessesSilent(
                missing + " sent nothing for " + seconds_text(seconds) + " s (timeout " + timeout +
                " s): it failed or stopped; rank " + std::to_string(global(rank)) + " (host " +
-               place.processes->host(place.process()) + ") waited for it at step " + std::to_string(step))));
+               place_.processes->host(place_.process()) + ") waited for it at step " + std::to_string(step))));
       return;
     }
     fail(rank, step,
@@ -104,17 +88,17 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
   };
   hooks.tick = [this] { return watch_tick(); };
   hooks.on_hung = [this] { exit_hung(); };
-  watchdog_ = std::make_unique<Watchdog>(ranks(), config.timeout_s, kGrace, std::move(hooks));
+  watchdog_ = std::make_unique<Watchdog>(ranks(), config_.timeout_s, kGrace, std::move(hooks));
 }
 
 std::string Run::missing_processes() const {
-  return place.processes ? process_names(*place.processes, place.processes->waiting_for(), ranks()) : "";
+  return place_.processes ? process_names(*place_.processes, place_.processes->waiting_for(), ranks()) : "";
 }
 
 // A second signal (across processes the first, StopRequest): every rank released now.
 bool Run::watch_tick() {
-  if (config.stop == nullptr || config.stop->abort_signal() == 0) return false;
-  const int signal = config.stop->abort_signal();
+  if (config_.stop == nullptr || config_.stop->abort_signal() == 0) return false;
+  const int signal = config_.stop->abort_signal();
   fail(-1, 0, std::make_exception_ptr(Interrupted("aborted by signal " + std::to_string(signal), signal)));
   return true;
 }
@@ -133,34 +117,25 @@ void Run::exit_hung() const {
     std::fprintf(stderr, "mnist_mt: error: %s\n", e.what());
   }
   std::fflush(stdout);
-  if (place.processes) place.processes->abort(code);  // the other processes too
+  if (place_.processes) place_.processes->abort(code);  // the other processes too
   std::_Exit(code);
 }
 
-bool Run::failed() const { return failed_.load(); }
-
-void Run::inject_stall(int rank, std::uint64_t step, StallPhase phase) const {
-  const std::optional<StallInjection>& stall = TrainerTesting::hooks(config).stall;
-  if (!stall || stall->rank != global(rank) || stall->step != step || stall->phase != phase) return;
-  // Stuck compute never returns; a missing peer or a stopped loader is released by the abort.
-  while (phase == StallPhase::kCompute || !failed()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+void Run::abort_collectives() {
+  for (auto& c : comms_) c->abort();
 }
 
-bool Run::stop_before(int rank, std::uint64_t step) {
-  std::lock_guard lock(stop_mutex_);
-  started_[rank] = step;
-  if (config.stop != nullptr && config.stop->stop_signal() != 0 && stop_at_ == kNever) {
-    stop_at_ = *std::max_element(started_.begin(), started_.end()) + 1;
-  }
-  return step >= stop_at_;
+void Run::keep_params(Replica& replica) {
+  result_.params.resize(kParamCount);
+  replica.read_params(result_.params);
 }
 
 std::uint32_t Run::training_steps() const {
-  return static_cast<std::uint32_t>(data.train.size() / (std::uint64_t{shard_batch()} * shards()));
+  return static_cast<std::uint32_t>(data_.train.size() / (std::uint64_t{shard_batch()} * shards()));
 }
 
 std::uint32_t Run::steps_in_epoch(std::uint32_t loader_steps) const {
-  return config.max_steps > 0 ? std::min(loader_steps, config.max_steps) : loader_steps;
+  return config_.max_steps > 0 ? std::min(loader_steps, config_.max_steps) : loader_steps;
 }
 
 // Global rank g's block starts at g * (S / W) + min(g, S % W): the first S % W ranks take
@@ -171,30 +146,30 @@ std::uint32_t Run::first_shard(int rank) const {
 }
 
 Place Run::sharded_place() const {
-  Place p = place;
+  Place p = place_;
   if (shards() != static_cast<std::uint32_t>(world())) {
-    for (int r = 0; r < static_cast<int>(config.devices.size()); ++r)
+    for (int r = 0; r < static_cast<int>(config_.devices.size()); ++r)
       p.shards.push_back(static_cast<int>(shard_count(r)));
   }
   return p;
 }
 
 SharedLoaders::Shards Run::train_shards() const {
-  const auto ranks = static_cast<int>(config.devices.size());
+  const auto ranks = static_cast<int>(config_.devices.size());
   return {shards(), shard_batch(), first_shard(0), first_shard(ranks) - first_shard(0)};
 }
 
 // Evaluation: a shard a rank, in batches the replica holds (with shards, the
 // checkpoint's batch; its figures are then the uninterrupted run's within rounding).
 SharedLoaders::Shards Run::test_shards() const {
-  return {static_cast<std::uint32_t>(world()), shard_batch(), static_cast<std::uint32_t>(place.first_rank),
-          static_cast<std::uint32_t>(config.devices.size())};
+  return {static_cast<std::uint32_t>(world()), shard_batch(), static_cast<std::uint32_t>(place_.first_rank),
+          static_cast<std::uint32_t>(config_.devices.size())};
 }
 
 std::vector<std::uint32_t> Run::batch_sizes(int rank) const {
   std::vector<std::uint32_t> sizes{shard_batch()};
-  if (!config.evaluate) return sizes;
-  const ShardPlan test{data.test.size(), static_cast<std::uint32_t>(world()), shard_batch(), false};
+  if (!config_.evaluate) return sizes;
+  const ShardPlan test{data_.test.size(), static_cast<std::uint32_t>(world()), shard_batch(), false};
   if (test.steps() == 0) return sizes;
   std::vector<std::uint32_t> positions(shard_batch());
   const std::uint32_t last = test.shard(static_cast<std::uint32_t>(global(rank)), test.steps() - 1, positions);
@@ -202,37 +177,8 @@ std::vector<std::uint32_t> Run::batch_sizes(int rank) const {
   return sizes;
 }
 
-void Run::await_peers() {
-  std::unique_lock lock(failures_mutex_);
-  if (++ready_ == ranks()) peers_cv_.notify_all();
-  peers_cv_.wait(lock, [&] { return ready_ >= ranks() || !failures_.empty(); });
-  if (ready_ < ranks()) throw Aborted("a peer failed while it set up");
-}
-
-void Run::inject_fault(int rank, std::uint64_t step) const {
-  const std::optional<FaultInjection>& fault = TrainerTesting::hooks(config).fault;
-  if (fault && fault->rank == global(rank) && fault->step == step) {
-    throw RuntimeFailure("injected fault");
-  }
-}
-
-void Run::inject_nan(int rank, std::uint64_t step, Replica& replica) {
-  if (!nan_at(config, global(rank), step)) return;
-  nan_clean_.resize(kParamCount);
-  replica.read_params(nan_clean_);
-  std::vector<float> poisoned = nan_clean_;
-  // fc2's last bias: a NaN logit in every row, so a NaN loss and NaN gradients (earlier, a
-  // ReLU's max(x, 0) may turn a NaN into 0).
-  poisoned.back() = std::numeric_limits<float>::quiet_NaN();
-  replica.write_params(poisoned);
-}
-
-void Run::undo_nan(int rank, std::uint64_t step, Replica& replica) {
-  if (nan_at(config, global(rank), step)) replica.write_params(nan_clean_);
-}
-
 void Run::check_loss(double loss_sum) const {
-  if (config.on_nan == NanPolicy::kStop && !std::isfinite(loss_sum)) {
+  if (config_.on_nan == NanPolicy::kStop && !std::isfinite(loss_sum)) {
     throw RuntimeFailure("non-finite training loss " + std::to_string(loss_sum));
   }
 }
@@ -249,7 +195,7 @@ bool Run::apply_update(int rank, double loss_sum, double grad_norm) const {
     }
     return true;
   }
-  if (config.on_nan == NanPolicy::kStop && rank == 0) {
+  if (config_.on_nan == NanPolicy::kStop && rank == 0) {
     throw RuntimeFailure("non-finite gradient norm " + std::to_string(grad_norm) + " (the ranks' gradients reduced)");
   }
   return false;
@@ -260,7 +206,7 @@ void Run::on_non_finite(Communicator& comm, const NonFiniteStep& step) {
     throw StepFailure(step.step, "non-finite training loss " + std::to_string(step.loss_sum) +
                                      " with finite gradients: the step cannot be skipped on every rank alike");
   }
-  if (config.on_nan == NanPolicy::kSkip) return;
+  if (config_.on_nan == NanPolicy::kSkip) return;
   std::vector<double> bad(comm.size(), 0.0);
   bad[static_cast<std::size_t>(comm.rank())] = std::isfinite(step.loss_sum) ? 0.0 : 1.0;
   comm.allreduce_host(bad);
@@ -271,38 +217,37 @@ void Run::on_non_finite(Communicator& comm, const NonFiniteStep& step) {
                                      " (the ranks' gradients reduced)");
   }
   // Once the report is recorded: an abort now could not turn it into an Aborted of its own.
-  std::unique_lock lock(failures_mutex_);
-  peers_cv_.wait(lock, [&] { return !failures_.empty(); });
+  failures_.await_report();
   throw Aborted("another rank reports the non-finite step");
 }
 
 UpdateGuard Run::update_guard(Communicator& comm) const {
   // A worker's replica makes its first guarded update at the run's first step.
-  return {start.step, config.on_nan == NanPolicy::kStop, [&comm] { return comm.take_reduced_squares(); }};
+  return {start_.step, config_.on_nan == NanPolicy::kStop, [&comm] { return comm.take_reduced_squares(); }};
 }
 
 bool Run::train_steps(int rank, EpochMetrics& m, std::uint32_t first, std::uint32_t steps, Replica* rank0,
                       std::uint64_t& global, const StepStats& total, const std::function<void(PhaseSeconds&)>& step,
                       const std::function<void(bool wait)>& read, const std::function<bool()>& evaluate) {
-  if (rank0 != nullptr) progress.start_epoch(m.epoch, steps, first);
+  if (rank0 != nullptr) progress_.start_epoch(m.epoch, steps, first);
   Stopwatch clock;
   double evaluating = 0;  // inside the epoch (eval_every), left out of its training time
   bool done = true;
   std::uint32_t k = first;
   for (; k < steps; ++k) {
-    if (stop_before(rank, global)) {
+    if (stop_line_.stop_before(rank, global, config_.stop != nullptr && config_.stop->stop_signal() != 0)) {
       done = false;
       break;
     }
     step(m.phase_seconds);
     ++m.steps;
-    const bool save_now = config.save && config.save_every > 0 && global % config.save_every == 0 && k + 1 < steps;
+    const bool save_now = config_.save && config_.save_every > 0 && global % config_.save_every == 0 && k + 1 < steps;
     if (save_now || global % kReadEvery == 0) {
       read(save_now);  // a checkpoint only of steps known to be finite
-      if (rank0 != nullptr && total.samples > 0 && k + 1 < steps) progress.step(k + 1, total.loss_sum / total.samples);
+      if (rank0 != nullptr && total.samples > 0 && k + 1 < steps) progress_.step(k + 1, total.loss_sum / total.samples);
     }
-    if (rank0 != nullptr && save_now) save(*rank0, m.epoch - 1, k + 1, global, *config.save);
-    if (config.target_accuracy && config.eval_every > 0 && global % config.eval_every == 0 && k + 1 < steps) {
+    if (rank0 != nullptr && save_now) save(*rank0, m.epoch - 1, k + 1, global, *config_.save);
+    if (config_.target_accuracy && config_.eval_every > 0 && global % config_.eval_every == 0 && k + 1 < steps) {
       read(true);
       const double began = steady_seconds();
       const bool reached = evaluate();
@@ -314,7 +259,7 @@ bool Run::train_steps(int rank, EpochMetrics& m, std::uint32_t first, std::uint3
     }
   }
   read(true);
-  if (rank0 != nullptr && done && total.samples > 0) progress.step(k, total.loss_sum / total.samples);
+  if (rank0 != nullptr && done && total.samples > 0) progress_.step(k, total.loss_sum / total.samples);
   m.seconds = clock.lap() - evaluating;
   return done;
 }
@@ -325,71 +270,32 @@ void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, 
   Checkpoint checkpoint;
   checkpoint.params.resize(kParamCount);
   replica.read_params(checkpoint.params);
-  checkpoint.optimizer = config.optimizer.kind;
+  checkpoint.optimizer = config_.optimizer.kind;
   checkpoint.state = replica.read_state();
   if (state_buffers(checkpoint.optimizer) < 2) checkpoint.state.second.clear();
   checkpoint.epoch = epoch;
   checkpoint.epoch_step = epoch_step;
   checkpoint.step = step;
-  checkpoint.seed = start.seed;
+  checkpoint.seed = start_.seed;
   checkpoint.world = shards();
   checkpoint.batch = shard_batch();
-  checkpoint.shard_order = sums_in_shard_order(config, place, backend);
+  checkpoint.shard_order = sums_in_shard_order(config_, place_, backend_);
   saver_.save(path, checkpoint);
 }
 
 void Run::end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step, std::uint32_t epoch_step) {
   m.peak_rss_bytes = peak_rss_bytes();
-  result.epochs.push_back(m);
+  result_.epochs.push_back(m);
   if (metrics_) metrics_->write(m);
-  progress.end_epoch(m);
+  progress_.end_epoch(m);
   // A position inside the epoch counts the epochs before it as completed.
-  if (config.save) save(replica, epoch_step == 0 ? m.epoch : m.epoch - 1, epoch_step, step, *config.save);
+  if (config_.save) save(replica, epoch_step == 0 ? m.epoch : m.epoch - 1, epoch_step, step, *config_.save);
 }
 
 void Run::end_interrupted(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step) {
-  const std::filesystem::path path = config.save.value_or(config.interrupt_save);
+  const std::filesystem::path path = config_.save.value_or(config_.interrupt_save);
   if (!path.empty()) save(replica, epoch, epoch_step, step, path);  // empty: nowhere to save
-  result.interrupted = Interruption{config.stop->stop_signal(), path, epoch, epoch_step, step};
-}
-
-void Run::fail(int rank, std::uint64_t step, std::exception_ptr error) {
-  {
-    std::lock_guard lock(failures_mutex_);
-    failures_.push_back({rank, step, std::move(error)});
-  }
-  peers_cv_.notify_all();
-  failed_.store(true);
-  for (auto& c : comms) c->abort();
-  loaders.cancel();
-}
-
-void Run::rethrow_failure() const {
-  std::lock_guard lock(failures_mutex_);
-  if (failures_.empty()) return;
-  const auto root =
-      std::find_if(failures_.begin(), failures_.end(), [](const Failure& f) { return !is_aborted(f.error); });
-  const Failure& f = root != failures_.end() ? *root : failures_.front();
-  const auto where = [&](std::uint64_t step) {
-    std::string rank = std::to_string(f.rank < 0 ? f.rank : global(f.rank));
-    if (place.processes) rank += " (host " + place.processes->host(place.process()) + ")";
-    return "rank " + rank + " failed at step " + std::to_string(step) + ": ";
-  };
-  try {
-    std::rethrow_exception(f.error);
-  } catch (const ProcessesSilent& e) {
-    throw RuntimeFailure(e.what());
-  } catch (const StepFailure& e) {
-    throw RuntimeFailure(where(e.step()) + e.what());
-  } catch (const Interrupted&) {
-    throw;
-  } catch (const InputError& e) {
-    throw InputError(where(f.step) + e.what());
-  } catch (const std::exception& e) {
-    throw RuntimeFailure(where(f.step) + e.what());
-  } catch (...) {
-    throw RuntimeFailure(where(f.step) + "unknown error");
-  }
+  result_.interrupted = Interruption{config_.stop->stop_signal(), path, epoch, epoch_step, step};
 }
 
 void set_results(EpochMetrics& m, const StepStats& train, const StepStats& test) {

@@ -1,19 +1,17 @@
 #pragma once
 // What the DDP workers and the DataParallel loop share: the devices and communicators,
 // the starting state, rank 0's reporting, and the failure that stops every rank.
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
-#include <limits>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "metrics.hpp"
+#include "failures.hpp"
+#include "fault_injection.hpp"
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/schedule.hpp"
@@ -23,28 +21,9 @@
 #include "shared_loaders.hpp"
 #include "start.hpp"
 #include "trace.hpp"
-#include "trainer_testing.hpp"
 #include "watchdog.hpp"
 
 namespace mnist_mt {
-
-// A failure that belongs to a step other than the one its rank had reached: a non-finite
-// step read from the device's stats some steps later.
-class StepFailure : public RuntimeFailure {
- public:
-  StepFailure(std::uint64_t step, const std::string& what) : RuntimeFailure(what), step_(step) {}
-  std::uint64_t step() const { return step_; }
-
- private:
-  std::uint64_t step_;
-};
-
-// A rank held up by other processes that sent nothing for --timeout: reported with those
-// processes as its subject, not as "rank R failed".
-class ProcessesSilent : public RuntimeFailure {
- public:
-  using RuntimeFailure::RuntimeFailure;
-};
 
 // How many steps apart the DDP workers read their stats (and phase times) from the device,
 // on every rank at the same steps.
@@ -59,40 +38,32 @@ class Run {
   Run(Backend& backend, const Dataset& data, const TrainConfig& config);
 
   // This process's ranks, and the world's (every process's).
-  int ranks() const { return static_cast<int>(devices.size()); }
-  int world() const { return place.world; }
+  int ranks() const { return static_cast<int>(devices_.size()); }
+  int world() const { return place_.world; }
   // The world's shards of its batch, the images of each, and this process's rank
   // `rank`'s: from first_shard(rank), shard_count(rank) of them.
-  std::uint32_t shards() const { return layout.shards; }
-  std::uint32_t shard_batch() const { return layout.batch; }
+  std::uint32_t shards() const { return layout_.shards; }
+  std::uint32_t shard_batch() const { return layout_.batch; }
   std::uint32_t first_shard(int rank) const;
   std::uint32_t shard_count(int rank) const { return first_shard(rank + 1) - first_shard(rank); }
   // The world rank of this process's rank `rank`.
-  int global(int rank) const { return place.first_rank + rank; }
-  std::uint32_t last_epoch() const { return config.epochs; }
+  int global(int rank) const { return place_.first_rank + rank; }
+  std::uint32_t last_epoch() const { return config_.epochs; }
   std::uint32_t steps_in_epoch(std::uint32_t loader_steps) const;
   // The update of global step `step`: the optimizer's options with the schedule's values.
   OptimizerOptions update_options(std::uint64_t step) const {
-    return with_values(config.optimizer, schedule_.at(step));
+    return with_values(config_.optimizer, schedule_.at(step));
   }
   // Every batch size `rank` will meet: the training batch and the last, smaller
   // evaluation batch, for Replica::prepare().
   std::vector<std::uint32_t> batch_sizes(int rank) const;
   // A DDP worker, once its replica is ready: returns when every rank's is, or throws
   // Aborted once a rank has failed.
-  void await_peers();
+  void await_peers() { failures_.await_peers(); }
   // The step of `epoch` to start at: the checkpoint's position in its epoch, else 0.
-  std::uint32_t first_step(std::uint32_t epoch) const { return epoch == start.epoch ? start.epoch_step : 0; }
-  // Throws the injected fault when `rank` starts global step `step`.
-  void inject_fault(int rank, std::uint64_t step) const;
-  // Test hook: never returns (or, for the data and collective phases, returns once the
-  // run has failed) when `rank` reaches `phase` of the injected stall's step.
-  void inject_stall(int rank, std::uint64_t step, StallPhase phase) const;
-  // Test hook: when `rank` starts the injected NaN's step, one of its replica's
-  // parameters turns NaN (and so its loss and gradients) until undo_nan() at the step's
-  // end writes them back as they were.
-  void inject_nan(int rank, std::uint64_t step, Replica& replica);
-  void undo_nan(int rank, std::uint64_t step, Replica& replica);
+  std::uint32_t first_step(std::uint32_t epoch) const { return epoch == start_.epoch ? start_.epoch_step : 0; }
+  // The faults of config().faults, at the loops' points (fault_injection.hpp).
+  FaultInjector& faults() { return faults_; }
   // After forward: a non-finite loss fails the run under --on-nan stop; under skip the
   // step goes on, its reduced gradients decide.
   void check_loss(double loss_sum) const;
@@ -129,38 +100,36 @@ class Run {
   // Rank 0 after a stop request: saves where the run stands and records it.
   void end_interrupted(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step);
 
+  // Rank 0 where its evaluation inside an epoch (eval_every) ends: the progress line.
+  void report_evaluation(std::uint64_t step, double accuracy) { progress_.evaluation(step, accuracy); }
+  // Rank 0 at the end of training: the final parameters, for the result.
+  void keep_params(Replica& replica);
+  // Main thread, once the run is over: what train() returns.
+  TrainResult take_result() { return std::move(result_); }
+
   // Any thread: records a failure of this process's rank `rank` (-1: of none) and
   // releases every peer (aborts the communicators, cancels the loaders).
-  void fail(int rank, std::uint64_t step, std::exception_ptr error);
+  void fail(int rank, std::uint64_t step, std::exception_ptr error) { failures_.fail(rank, step, std::move(error)); }
   // Main thread, after the workers joined: throws the first failure that is not Aborted
   // as "rank R failed at step S: why" (R the world rank; "rank R (host H)" across
   // processes).
-  void rethrow_failure() const;
+  void rethrow_failure() const { failures_.rethrow(); }
+  // Releases every rank that waits in a collective (a group of them cannot complete).
+  void abort_collectives();
 
-  Backend& backend;
-  const Dataset& data;
-  const TrainConfig& config;
-  const Place place;  // this process's ranks in the world
-  Checkpoint start;  // parameters, optimizer state and loop state to start from
-  const ShardLayout layout;
-  std::vector<std::unique_ptr<Device>> devices;
-  std::vector<std::unique_ptr<Communicator>> comms;
-  SharedLoaders loaders;
-  Progress progress;   // rank 0's
-  TrainResult result;  // rank 0 writes it
-  std::optional<TraceLog> trace;  // --trace
+  Backend& backend() const { return backend_; }
+  const Dataset& data() const { return data_; }
+  const TrainConfig& config() const { return config_; }
+  // The parameters, optimizer state and loop state the run starts from.
+  const Checkpoint& start() const { return start_; }
+  Device& device(int rank) const { return *devices_[static_cast<std::size_t>(rank)]; }
+  Communicator& comm(int rank) const { return *comms_[static_cast<std::size_t>(rank)]; }
+  // The loaders' epochs, shared by the ranks (thread-safe).
+  SharedLoaders& loaders() { return loaders_; }
+  // The --trace log, or null.
+  TraceLog* trace() { return trace_ ? &*trace_ : nullptr; }
 
  private:
-  struct Failure {
-    int rank;
-    std::uint64_t step;
-    std::exception_ptr error;
-  };
-
-  // Every rank checks before each step. The first to see a stop request sets the stop
-  // one step past the furthest any rank has started: hosts run ahead of their devices,
-  // and so of each other, but none past a step that every rank will start.
-  bool stop_before(int rank, std::uint64_t step);
   // An epoch's steps, as the training loader makes them (drop_last), before max_steps.
   std::uint32_t training_steps() const;
   // The place for the communicators: each rank's shard count, when not one each.
@@ -170,26 +139,30 @@ class Run {
   SharedLoaders::Shards test_shards() const;
   void save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step,
             const std::filesystem::path& path);
-  bool failed() const;
   bool watch_tick();
   // The processes an exchange under way still waits for, "process P (host H, rank R)"
   // each; empty when none.
   std::string missing_processes() const;
   [[noreturn]] void exit_hung() const;
 
+  Backend& backend_;
+  const Dataset& data_;
+  const TrainConfig& config_;
+  const Place place_;  // this process's ranks in the world
+  const Checkpoint start_;
+  const ShardLayout layout_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::vector<std::unique_ptr<Communicator>> comms_;
+  SharedLoaders loaders_;
+  Progress progress_;   // rank 0's
+  TrainResult result_;  // rank 0 writes it
+  std::optional<TraceLog> trace_;
   std::optional<MetricsFile> metrics_;
   Saver saver_;
   const Schedule schedule_;
-  std::vector<float> nan_clean_;  // the injected NaN's rank's parameters before it (that rank's thread only)
-  static constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
-  std::mutex stop_mutex_;  // guards stop_at_ and started_
-  std::uint64_t stop_at_ = kNever;
-  std::vector<std::uint64_t> started_;  // per rank: the step it checked for last
-  std::atomic<bool> failed_{false};
-  mutable std::mutex failures_mutex_;  // guards failures_ and ready_
-  std::condition_variable peers_cv_;
-  std::vector<Failure> failures_;
-  int ready_ = 0;  // ranks through await_peers()
+  Failures failures_;
+  StopLine stop_line_;
+  FaultInjector faults_;
   std::unique_ptr<Watchdog> watchdog_;  // last: its thread may call fail()
 };
 

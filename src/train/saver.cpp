@@ -5,7 +5,7 @@
 #include <string>
 #include <system_error>
 
-#include "data/file_io.hpp"
+#include "mnist_mt/file_io.hpp"
 #include "mnist_mt/error.hpp"
 
 namespace mnist_mt {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "data/file_io.hpp"
+#include "mnist_mt/file_io.hpp"
 
 namespace mnist_mt {
 namespace {

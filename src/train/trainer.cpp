@@ -12,8 +12,8 @@ TrainResult train(Backend& backend, const Dataset& data, const TrainConfig& conf
     train_ddp(run);
   }
   run.rethrow_failure();
-  if (run.trace) run.trace->write();
-  return std::move(run.result);
+  if (TraceLog* trace = run.trace()) trace->write();
+  return run.take_result();
 }
 
 }  // namespace mnist_mt

@@ -14,7 +14,8 @@ std::vector<std::string> backends_built() {
 
 std::vector<LibraryVersion> library_versions() {
   std::vector<LibraryVersion> out = cpu_library_versions();
-  for (auto& v : data_library_versions()) out.push_back(std::move(v));
+  for (auto* layer : {data_library_versions, fetch_library_versions, image_library_versions})
+    for (auto& v : layer()) out.push_back(std::move(v));
   for (auto& v : cuda_library_versions()) out.push_back(std::move(v));
   out.push_back(mpi_library_version());
   return out;

@@ -1,4 +1,4 @@
-#include "file_io.hpp"
+#include "mnist_mt/file_io.hpp"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "file_io.hpp"
+#include "mnist_mt/file_io.hpp"
 #include "mnist_mt/error.hpp"
 
 namespace mnist_mt {

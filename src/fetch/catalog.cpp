@@ -1,6 +1,6 @@
 #include "catalog.hpp"
 
-#include "gunzip.hpp"
+#include "data/gunzip.hpp"
 #include "md5.hpp"
 
 namespace mnist_mt {

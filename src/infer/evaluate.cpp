@@ -5,9 +5,9 @@
 #include <mutex>
 #include <thread>
 
-#include "evaluate_shard.hpp"
+#include "train/evaluate_shard.hpp"
 #include "mnist_mt/error.hpp"
-#include "run.hpp"
+#include "train/run.hpp"
 
 namespace mnist_mt {
 namespace {
@@ -29,21 +29,21 @@ struct Totals {
 
 // One rank: its replica, the checkpoint's weights, its shard of the test set.
 void evaluate_rank(Run& run, int rank, Totals& totals) noexcept {
-  Device& device = *run.devices[rank];
+  Device& device = run.device(rank);
   try {
     device.activate();
-    const auto replica = run.backend.make_replica(device, run.config.batch);
-    replica->write_params(run.start.params);
+    const auto replica = run.backend().make_replica(device, run.config().batch);
+    replica->write_params(run.start().params);
     ConfusionMatrix confusion{};
-    const DropoutKey key{run.start.seed, run.start.epoch};
-    const auto lease = run.loaders.acquire(run.start.epoch, false);
+    const DropoutKey key{run.start().seed, run.start().epoch};
+    const auto lease = run.loaders().acquire(run.start().epoch, false);
     const StepStats stats = evaluate_shard(*replica, lease.loader(), rank, key, &confusion);
     std::lock_guard lock(totals.mutex);
     totals.stats += stats;
     for (std::size_t i = 0; i < kClasses; ++i)
       for (std::size_t j = 0; j < kClasses; ++j) totals.confusion[i][j] += confusion[i][j];
   } catch (...) {
-    run.fail(rank, run.start.step, std::current_exception());
+    run.fail(rank, run.start().step, std::current_exception());
   }
   drain(device);
 }
@@ -70,7 +70,7 @@ EvalResult evaluate(Backend& backend, const Dataset& data, const EvalConfig& con
     try {
       for (int r = 0; r < run.ranks(); ++r) workers.emplace_back([&run, &totals, r] { evaluate_rank(run, r, totals); });
     } catch (...) {  // a thread that could not start: release those that did
-      run.fail(static_cast<int>(workers.size()), run.start.step, std::current_exception());
+      run.fail(static_cast<int>(workers.size()), run.start().step, std::current_exception());
     }
   }
   run.rethrow_failure();

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "download_internal.hpp"
-#include "file_io.hpp"
+#include "mnist_mt/file_io.hpp"
 #include "mnist_mt/error.hpp"
 
 namespace mnist_mt {

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "catalog.hpp"
-#include "file_io.hpp"
-#include "gunzip.hpp"
+#include "mnist_mt/file_io.hpp"
+#include "data/gunzip.hpp"
 #include "md5.hpp"
 #include "mnist_mt/error.hpp"
 
