@@ -13,7 +13,6 @@
 #include "conv2_winograd.hpp"
 #include "isa.hpp"
 #include "step.hpp"
-#include "mnist_mt/dataset.hpp"
 #include "mnist_mt/model.hpp"
 
 namespace mnist_mt::cpu {
@@ -62,5 +61,9 @@ std::unique_ptr<Plan> build_plan(const dnnl::engine& engine, std::uint32_t batch
                                  float* params, float* grads);
 
 void run(const std::vector<Step>& steps, const dnnl::stream& stream);
+
+// Warns on stderr, once per process, when an operation of `plan` runs one of oneDNN's
+// reference implementations (is_reference), which makes training many times slower.
+void warn_if_reference(const Plan& plan, const std::string& device);
 
 }  // namespace mnist_mt::cpu

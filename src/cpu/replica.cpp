@@ -14,20 +14,19 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <functional>
-#include <iostream>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "conv1.hpp"
+#include "input.hpp"
 #include "kernels.hpp"
-#include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "plan.hpp"
 #include "pool.hpp"
+#include "step_stats.hpp"
 
 namespace mnist_mt::cpu {
 namespace {
@@ -41,9 +40,7 @@ class CpuReplicaImpl final : public CpuReplica {
         grads_(aligned_zeros<float>(kParamCount)),
         state_{aligned_zeros<float>(kParamCount), aligned_zeros<float>(kParamCount)},
         buffers_(max_batch),
-        staged_images_(std::size_t{max_batch} * kImageBytes),
-        staged_labels_(max_batch),
-        staged_samples_(max_batch) {
+        staged_(max_batch) {
     if (max_batch == 0) throw RuntimeFailure(device.name() + ": replica needs max_batch > 0");
     run_sync([this] {
       engine_ = dnnl::engine(dnnl::engine::kind::cpu, 0);
@@ -84,18 +81,8 @@ class CpuReplicaImpl final : public CpuReplica {
       throw RuntimeFailure(device_.name() + ": batch of " + std::to_string(batch.size) + " samples, replica holds 1.." +
                            std::to_string(max_batch_) + " (or the batch's buffers are short)");
     const std::uint32_t n = batch.size;
-    // The staging copy is free again once the previous input's copy task has run.
-    device_.compute().wait(staged_ticket_);
-    std::memcpy(staged_images_.data(), batch.images.data(), std::size_t{n} * kImageBytes);
-    std::memcpy(staged_labels_.data(), batch.labels.data(), n);
-    std::memcpy(staged_samples_.data(), batch.indices.data(), n * sizeof(std::uint32_t));
-    staged_ticket_ = device_.compute().enqueue([this, n] {
-      timed(kInputOp, [&] {
-        normalise_images(staged_images_.data(), std::size_t{n} * kImageBytes, buffers_.input.get());
-        std::memcpy(buffers_.labels.get(), staged_labels_.data(), n);
-        std::memcpy(buffers_.samples.get(), staged_samples_.data(), n * sizeof(std::uint32_t));
-      });
-    });
+    staged_.stage(device_.compute(), batch);
+    staged_.unpacked_at(device_.compute().enqueue([this, n] { timed(kInputOp, [&] { staged_.unpack(buffers_, n); }); }));
     input_rows_ = labelled_rows_ = n;
     use_rows(n);
   }
@@ -105,11 +92,8 @@ class CpuReplicaImpl final : public CpuReplica {
     if (n == 0 || n > max_batch_)
       throw RuntimeFailure(device_.name() + ": scattered input of " + std::to_string(n) + " rows, replica holds 1.." +
                            std::to_string(max_batch_));
-    device_.compute().wait(staged_ticket_);
-    std::memcpy(staged_samples_.data(), samples.data(), n * sizeof(std::uint32_t));
-    staged_ticket_ = device_.compute().enqueue([this, n] {
-      std::memcpy(buffers_.samples.get(), staged_samples_.data(), n * sizeof(std::uint32_t));
-    });
+    staged_.stage_samples(device_.compute(), samples);
+    staged_.unpacked_at(device_.compute().enqueue([this, n] { staged_.unpack(buffers_, static_cast<std::uint32_t>(n)); }));
     input_rows_ = static_cast<std::uint32_t>(n);
     labelled_rows_ = 0;
     use_rows(input_rows_);
@@ -151,9 +135,7 @@ class CpuReplicaImpl final : public CpuReplica {
         log_softmax_nll(buffers_.logits.get() + at, buffers_.labels.get() + first, rows, d, buffers_.logp.get() + at,
                         buffers_.dlogits.get() + at, sums);
       });
-      pending_.loss_sum += sums.loss;
-      pending_.correct += sums.correct;
-      pending_.samples += rows;
+      stats_.add_forward(sums.loss, sums.correct, rows);
     });
   }
 
@@ -212,17 +194,7 @@ class CpuReplicaImpl final : public CpuReplica {
       const std::uint64_t number = guarded_updates_++;
       const std::optional<double> reduced = guard.reduced_squares ? guard.reduced_squares() : std::nullopt;
       const double norm = std::sqrt(reduced ? *reduced : sum_of_squares(grads_.get(), kParamCount));
-      if (!halted_ && std::isfinite(norm) && std::isfinite(pending_.loss_sum)) {
-        commit_pending();
-        apply(options);
-        return;
-      }
-      ++sums_.skipped;
-      // A halted replica's later steps are dropped whatever they hold.
-      if (!halted_ && !sums_.non_finite)
-        sums_.non_finite = NonFiniteStep{guard.first_step + number, pending_.loss_sum, norm};
-      pending_ = {};
-      halted_ = halted_ || guard.halt;
+      if (stats_.admit(guard, number, norm)) apply(options);
     });
   }
 
@@ -265,24 +237,9 @@ class CpuReplicaImpl final : public CpuReplica {
     run_sync([&] { std::memcpy(out.data(), buffers_.logp.get(), count * sizeof(float)); });
   }
 
-  std::uint64_t snapshot_stats() override {
-    const std::uint64_t handle = snapshots_taken_++;
-    const std::size_t slot = handle % kSnapshots;
-    snapshot_tickets_[slot] = device_.compute().enqueue([this, slot] {
-      commit_pending();
-      snapshots_[slot] = std::exchange(sums_, StepStats{});
-    });
-    return handle;
-  }
-
+  std::uint64_t snapshot_stats() override { return stats_.snapshot(device_.compute()); }
   std::optional<StepStats> read_stats(std::uint64_t handle, bool wait) override {
-    if (handle >= snapshots_taken_ || handle + kSnapshots <= snapshots_taken_)
-      throw RuntimeFailure(device_.name() + ": read_stats of snapshot " + std::to_string(handle) + ", not held");
-    const std::size_t slot = handle % kSnapshots;
-    Stream& compute = device_.compute();
-    if (!wait && !compute.passed(snapshot_tickets_[slot])) return std::nullopt;
-    compute.wait(snapshot_tickets_[slot]);  // rethrows the stream's error
-    return snapshots_[slot];
+    return stats_.read(device_.compute(), handle, wait, device_.name());
   }
 
   std::vector<KernelInfo> kernels(std::uint32_t batch) override {
@@ -325,20 +282,8 @@ class CpuReplicaImpl final : public CpuReplica {
         throw RuntimeFailure(device_.name() + ": plan for batch " + std::to_string(batch) + ": " + e.what());
       }
     });
-    warn_if_reference(*plan);
+    warn_if_reference(*plan, device_.name());
     return *plans_.emplace(batch, std::move(plan)).first->second;
-  }
-
-  // Once per process: a reference implementation makes training many times slower.
-  void warn_if_reference(const Plan& plan) const {
-    static std::once_flag warned;
-    for (int op = 0; op < kOpCount; ++op)
-      if (is_reference(plan.impl[op]))
-        std::call_once(warned, [&] {
-          std::cerr << "mnist_mt: warning: " << device_.name() << ": oneDNN runs " << kOpNames[op] << " at batch "
-                    << plan.batch << " with a reference implementation (" << plan.impl[op]
-                    << "); training will be slow on this CPU\n";
-        });
   }
 
   // Compute thread: the optimizer's update, and the stats of the forward passes since the
@@ -349,12 +294,6 @@ class CpuReplicaImpl final : public CpuReplica {
       optimizer_update(params_.get(), grads_.get(), state_[0].get(), state_[1].get(), kParamCount, scalars);
     });
     ++applied_;
-  }
-  void commit_pending() {
-    sums_.loss_sum += pending_.loss_sum;
-    sums_.correct += pending_.correct;
-    sums_.samples += pending_.samples;
-    pending_ = {};
   }
 
   template <class F>
@@ -434,39 +373,18 @@ class CpuReplicaImpl final : public CpuReplica {
   // forward and backward use and their plan (null until first used); the staging copy.
   std::uint32_t input_rows_ = 0, labelled_rows_ = 0, rows_ = 0;
   Plan* plan_ = nullptr;
-  std::vector<std::uint8_t> staged_images_, staged_labels_;
-  std::vector<std::uint32_t> staged_samples_;
-  std::uint64_t staged_ticket_ = 0;
+  StagedInput staged_;
 
   // Compute-stream side.
   std::uint64_t applied_ = 0;  // updates applied (compute thread)
   std::uint64_t guarded_updates_ = 0;  // guarded_update() calls run (compute thread)
   float scale0_ = 1.0f, scale1_ = 1.0f;  // dropout scales of the last forward
-  StepStats sums_;     // committed: the forwards of updated steps, and evaluation's
-  StepStats pending_;  // the forwards since the last update, until it is applied or dropped
-  bool halted_ = false;
-  std::array<StepStats, kSnapshots> snapshots_;
-
-  // Host side: the snapshots' tickets.
-  std::array<std::uint64_t, kSnapshots> snapshot_tickets_{};
-  std::uint64_t snapshots_taken_ = 0;
+  StepStatsBook stats_;
   std::array<double, kOpCount> seconds_{};
   std::vector<Aligned<float>> kept_;  // keep_grads()' buffers (host side; tasks hold their pointers)
 };
 
 }  // namespace
-
-bool is_reference(std::string_view impl) {
-  // Words are separated by the ':', ' ', '+' and ',' of implementation strings.
-  std::size_t start = 0;
-  while (start < impl.size()) {
-    const std::size_t end = std::min(impl.find_first_of(":+, ", start), impl.size());
-    const std::string_view word = impl.substr(start, end - start);
-    if (word == "ref" || word.starts_with("ref_")) return true;
-    start = end + 1;
-  }
-  return false;
-}
 
 std::unique_ptr<CpuReplica> make_cpu_replica(CpuDevice& device, std::uint32_t max_batch) {
   return std::make_unique<CpuReplicaImpl>(device, max_batch);

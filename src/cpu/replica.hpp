@@ -34,7 +34,8 @@ class CpuReplica : public Replica {
 };
 
 // Whether an implementation string names one of oneDNN's reference (unoptimised)
-// implementations: a word "ref" or "ref_..." (as in "ref:any", "gemm:ref").
+// implementations: a word "ref" or "ref_..." (as in "ref:any", "gemm:ref"). Defined
+// in plan.cpp.
 bool is_reference(std::string_view impl);
 
 // Builds the oneDNN primitives for batch `max_batch` on the device's compute stream

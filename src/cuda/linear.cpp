@@ -24,4 +24,16 @@ void linear_backward_data(cublasHandle_t handle, const float* w, const float* dy
   CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, &kOne, w, in, dy, out, &kZero, dx, in));
 }
 
+CublasOwner make_cublas(cudaStream_t stream, const DeviceBuffer<std::uint8_t>& workspace, bool tf32) {
+  cublasHandle_t handle = nullptr;
+  CUBLAS_CHECK(cublasCreate(&handle));
+  CublasOwner owner(handle);
+  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  // After the stream, which resets the workspace to cuBLAS's own: ours is allocated now,
+  // so no gemm allocates later.
+  CUBLAS_CHECK(cublasSetWorkspace(handle, workspace.data(), workspace.bytes()));
+  CUBLAS_CHECK(cublasSetMathMode(handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  return owner;
+}
+
 }  // namespace mnist_mt::cuda

@@ -4,7 +4,15 @@
 // column-major [c][r] one with leading dimension c.
 #include <cublas_v2.h>
 
+#include <cstdint>
+
+#include "owners.hpp"
+
 namespace mnist_mt::cuda {
+
+// A cuBLAS handle on `stream` with `workspace` as its own (so no product allocates), in
+// FP32 math, or TF32 tensor-op math with `tf32`.
+CublasOwner make_cublas(cudaStream_t stream, const DeviceBuffer<std::uint8_t>& workspace, bool tf32);
 
 // y[rows][out] = x[rows][in] * w[out][in]^T (PyTorch's Linear, bias apart).
 void linear_forward(cublasHandle_t handle, const float* x, const float* w, float* y, int rows, int in, int out);

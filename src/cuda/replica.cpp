@@ -1,7 +1,6 @@
 #include "replica.hpp"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -9,29 +8,16 @@
 
 #include "conv.hpp"
 #include "errors.hpp"
+#include "geometry.hpp"
 #include "input.hpp"
 #include "kernels.hpp"
 #include "linear.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
+#include "step_stats.hpp"
 
 namespace mnist_mt::cuda {
 namespace {
-
-// The network's geometry (mnist_mt/model.hpp) as cuDNN and the kernels take it.
-// C: channels, P: positions per channel, A: per sample.
-constexpr int kC1 = static_cast<int>(kConv1Channels), kP1 = static_cast<int>(kConv1Side * kConv1Side);
-constexpr int kC2 = static_cast<int>(kConv2Channels), kP2 = static_cast<int>(kConv2Side * kConv2Side);
-constexpr int kA1 = kC1 * kP1;
-constexpr int kA2 = kC2 * kP2;
-constexpr int kPoolSideInt = static_cast<int>(kPoolSide);
-constexpr int kFc1In = static_cast<int>(kFlat);
-constexpr int kFc1Out = static_cast<int>(kHidden);
-constexpr int kFc2Out = static_cast<int>(kClasses);
-constexpr ConvShape kConv1Shape{1, kC1, static_cast<int>(kImageSide), 3};
-constexpr ConvShape kConv2Shape{kC1, kC2, static_cast<int>(kConv1Side), 3};
-static_assert(kConv1Shape.out_side() == static_cast<int>(kConv1Side) &&
-              kConv2Shape.out_side() == static_cast<int>(kConv2Side));
 
 constexpr std::size_t kConvWorkspaceCap = std::size_t{256} << 20;
 constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;  // cuBLAS's advice for Hopper; ample before it
@@ -39,18 +25,6 @@ constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;  // cuBLAS's adv
 CudaDevice& activated(CudaDevice& device) {
   device.activate();
   return device;
-}
-
-CublasOwner make_cublas(cudaStream_t stream, const DeviceBuffer<std::uint8_t>& workspace, bool tf32) {
-  cublasHandle_t handle = nullptr;
-  CUBLAS_CHECK(cublasCreate(&handle));
-  CublasOwner owner(handle);
-  CUBLAS_CHECK(cublasSetStream(handle, stream));
-  // After the stream, which resets the workspace to cuBLAS's own: ours is allocated now,
-  // so no gemm allocates later.
-  CUBLAS_CHECK(cublasSetWorkspace(handle, workspace.data(), workspace.bytes()));
-  CUBLAS_CHECK(cublasSetMathMode(handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-  return owner;
 }
 
 DropoutArgs dropout(const DeviceBatch& batch, const DropoutKey& key, RandomStream stream, float p) {
@@ -84,15 +58,13 @@ class CudaReplica final : public Replica {
         dpooled_(std::size_t{max_batch} * kFc1In),
         da2_(std::size_t{max_batch} * kA2),
         da1_(std::size_t{max_batch} * kA1),
-        stats_(kStatCount),
-        stats_host_(kStatsReported * kSnapshots),
+        stats_(device),
         squares_(kSquareScratch),
         gate_(1),
         values_(2),
         applied_(1),
         scalars_(1),
         input_(device, max_batch) {
-    for (auto& e : snapshot_events_) e = make_event();
     warm_up();
     zero_state();
     device_.wait_stream(stream());
@@ -119,7 +91,7 @@ class CudaReplica final : public Replica {
       prepared_.push_back(n);
     }
     // The statistics, not the halt flag nor the count of guarded updates, as on CPU devices.
-    CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, kStatHalted * sizeof(double), stream()));
+    stats_.clear(stream(), false);
     device_.wait_stream(stream());
   }
 
@@ -294,39 +266,8 @@ class CudaReplica final : public Replica {
     copy_sync(out.data(), logprobs_.data(), out.size_bytes(), cudaMemcpyDeviceToHost);
   }
 
-  std::uint64_t snapshot_stats() override {
-    device_.activate();
-    const std::uint64_t handle = snapshots_taken_++;
-    const std::size_t slot = handle % kSnapshots;
-    constexpr std::size_t kBytes = kStatsReported * sizeof(double);
-    commit_stats(stats_.data(), stream());
-    CUDA_CHECK(cudaMemcpyAsync(stats_host_.data() + slot * kStatsReported, stats_.data(), kBytes,
-                               cudaMemcpyDeviceToHost, stream()));
-    CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, kBytes, stream()));
-    CUDA_CHECK(cudaEventRecord(snapshot_events_[slot].get(), stream()));
-    return handle;
-  }
-
-  std::optional<StepStats> read_stats(std::uint64_t handle, bool wait) override {
-    if (handle >= snapshots_taken_ || handle + kSnapshots <= snapshots_taken_)
-      throw RuntimeFailure(device_.name() + ": read_stats of snapshot " + std::to_string(handle) + ", not held");
-    device_.activate();
-    const std::size_t slot = handle % kSnapshots;
-    cudaEvent_t event = snapshot_events_[slot].get();
-    if (!wait) {
-      const cudaError_t state = cudaEventQuery(event);
-      if (state == cudaErrorNotReady) return std::nullopt;
-      CUDA_CHECK(state);
-    }
-    device_.wait_event(event);
-    device_.throw_if_aborted();
-    const double* s = stats_host_.data() + slot * kStatsReported;
-    StepStats stats{s[kStatLoss], s[kStatCorrect], s[kStatSamples], static_cast<std::uint64_t>(s[kStatSkipped]), {}};
-    if (s[kStatNonFinite] != 0)
-      stats.non_finite =
-          NonFiniteStep{static_cast<std::uint64_t>(s[kStatNonFiniteStep]), s[kStatNonFiniteLoss], s[kStatNonFiniteNorm]};
-    return stats;
-  }
+  std::uint64_t snapshot_stats() override { return stats_.snapshot(stream()); }
+  std::optional<StepStats> read_stats(std::uint64_t handle, bool wait) override { return stats_.read(handle, wait); }
 
  private:
   cudaStream_t stream() const { return device_.compute(); }
@@ -378,7 +319,7 @@ class CudaReplica final : public Replica {
   void zero_state() {
     for (const DeviceBuffer<float>* b : {&params_, &grads_, &first_, &second_})
       CUDA_CHECK(cudaMemsetAsync(b->data(), 0, b->bytes(), stream()));
-    CUDA_CHECK(cudaMemsetAsync(stats_.data(), 0, stats_.bytes(), stream()));
+    stats_.clear(stream(), true);
     CUDA_CHECK(cudaMemsetAsync(applied_.data(), 0, applied_.bytes(), stream()));
   }
 
@@ -419,10 +360,7 @@ class CudaReplica final : public Replica {
   // Activations and their gradients, for max_batch rows.
   DeviceBuffer<float> x_, a1_, a2_, pooled_, h_, z_, logprobs_, dlogits_;
   DeviceBuffer<float> dh_, dpooled_, da2_, da1_;
-  DeviceBuffer<double> stats_;       // kernels.hpp's Stat layout
-  PinnedBuffer<double> stats_host_;  // kSnapshots slots of kStatsReported
-  std::array<EventOwner, kSnapshots> snapshot_events_;
-  std::uint64_t snapshots_taken_ = 0;
+  StepStatsBook stats_;
   DeviceBuffer<double> squares_;  // sum_of_squares' partial sums and total
   DeviceBuffer<int> gate_;        // guarded_update's decision
   DeviceBuffer<double> values_;   // the next update's learning rate and momentum (write_update_values)

@@ -1,0 +1,36 @@
+#include "input.hpp"
+
+#include <cstring>
+
+#include "kernels.hpp"
+#include "mnist_mt/model.hpp"
+
+namespace mnist_mt::cpu {
+
+StagedInput::StagedInput(std::uint32_t max_batch)
+    : images_(std::size_t{max_batch} * kImageBytes), labels_(max_batch), samples_(max_batch) {}
+
+void StagedInput::stage(Stream& compute, const Batch& batch) {
+  const std::size_t n = batch.size;
+  compute.wait(ticket_);
+  std::memcpy(images_.data(), batch.images.data(), n * kImageBytes);
+  std::memcpy(labels_.data(), batch.labels.data(), n);
+  std::memcpy(samples_.data(), batch.indices.data(), n * sizeof(std::uint32_t));
+  samples_only_ = false;
+}
+
+void StagedInput::stage_samples(Stream& compute, std::span<const std::uint32_t> samples) {
+  compute.wait(ticket_);
+  std::memcpy(samples_.data(), samples.data(), samples.size() * sizeof(std::uint32_t));
+  samples_only_ = true;
+}
+
+void StagedInput::unpack(Buffers& to, std::uint32_t n) const {
+  if (!samples_only_) {
+    normalise_images(images_.data(), std::size_t{n} * kImageBytes, to.input.get());
+    std::memcpy(to.labels.get(), labels_.data(), n);
+  }
+  std::memcpy(to.samples.get(), samples_.data(), n * sizeof(std::uint32_t));
+}
+
+}  // namespace mnist_mt::cpu
