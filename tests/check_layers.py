@@ -2,7 +2,8 @@
 """Fails when a file under src/ includes a header of a layer it may not use: the arrows
 of docs/architecture.md ("Layers") point one way. A private header ("cpu/plan.hpp")
 belongs to its folder; a public one ("mnist_mt/loader.hpp") to the folder named in OWNER
-below, and a public header missing there fails too, so that the table stays whole."""
+below, and a public header missing there fails too, so that the table stays whole. Also
+fails for a source file of src/ or include/ longer than MAX_LINES."""
 import pathlib
 import re
 import sys
@@ -36,6 +37,7 @@ OWNER = {
     "trainer.hpp": "train", "faults.hpp": "train",
     "evaluate.hpp": "infer", "predict.hpp": "infer",
 }
+MAX_LINES = 400
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(?:([a-z_]+)/)?([a-z_0-9]+\.(?:hpp|cuh))"')
 
 root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".")
@@ -55,6 +57,8 @@ files = [p for p in sorted((root / "src").rglob("*")) if p.suffix in {".cpp", ".
 files += [p for p in sorted((root / "include" / "mnist_mt").glob("*.hpp"))]
 for path in files:
     rel = path.relative_to(root)
+    if (lines := len(path.read_text().splitlines())) > MAX_LINES:
+        wrong.append(f"{rel}: {lines} lines, more than {MAX_LINES}: split it where it has a seam")
     folder = OWNER.get(path.name) if rel.parts[0] == "include" else rel.parts[1]
     if folder not in MAY_USE:
         wrong.append(f"{rel}: folder {folder} has no entry in tests/check_layers.py's MAY_USE")
@@ -68,5 +72,6 @@ for path in files:
             continue
         if to not in MAY_USE[folder]:
             wrong.append(f"{rel}:{number}: {folder} includes a header of {to} ({line.strip()})")
-print("\n".join(wrong) if wrong else "layers: every include in src/ and include/ points to a layer it may use")
+print("\n".join(wrong) if wrong else
+      f"layers: every include in src/ and include/ points to a layer it may use; no file over {MAX_LINES} lines")
 sys.exit(1 if wrong else 0)
