@@ -2,10 +2,14 @@
 # Sets up, builds and runs the tests. Two tiers:
 #   scripts/test.sh           every test (CI's command): a release build (with the CUDA
 #                             backend compiled and linked when the toolkit is present; its
-#                             GPU tests skip without a GPU), an ASan+UBSan build (all CPU
-#                             tests) and a ThreadSanitizer build (the multi-threaded tests:
-#                             data, train), both without the benchmarks, then the fuzz
-#                             targets (scripts/fuzz.sh); prints the ten slowest tests.
+#                             GPU tests skip without a GPU) running every test; an
+#                             ASan+UBSan build, without the benchmarks, running every CPU
+#                             test; a ThreadSanitizer build of only the tests of the
+#                             concurrent code (streams, communicators, local group, loader,
+#                             trainer) running those; then the fuzz targets
+#                             (scripts/fuzz.sh: the committed corpus replayed, then
+#                             FUZZ_SECONDS, 20 here, of fuzzing each); prints the ten
+#                             slowest tests.
 #   scripts/test.sh --quick   the release build's 'quick' suite: every test but the slow
 #                             reliability, MPI and repeated ones, for the inner loop.
 # Ends with one line: "N passed, N failed, N skipped".
@@ -20,9 +24,12 @@ esac
 scripts/setup.sh || exit 1
 
 passed=0 failed=0 skipped=0
-# suite DIR MESON_ARGS TEST_ARGS
+# suite DIR MESON_ARGS TEST_ARGS [TARGET...]: with targets, builds those alone (and
+# TEST_ARGS then names the tests they make).
 suite() {
   local dir=$1 setup_args=$2 test_args=$3
+  shift 3
+  local targets=("$@")
   echo "== $dir: meson setup $setup_args"
   if [ -f "$dir/build.ninja" ]; then
     # --reconfigure reads meson_options.txt anew, so an option added since is known.
@@ -30,9 +37,9 @@ suite() {
   else
     meson setup "$dir" $setup_args >/dev/null || { failed=$((failed + 1)); return; }
   fi
-  ninja -C "$dir" || { echo "== $dir: build failed"; failed=$((failed + 1)); return; }
+  ninja -C "$dir" "${targets[@]}" || { echo "== $dir: build failed"; failed=$((failed + 1)); return; }
   rm -f "$dir/meson-logs/testlog.json"
-  meson test -C "$dir" --print-errorlogs --num-processes 2 $test_args
+  meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes 2 $test_args
   local counts
   counts=$(python3 - "$dir/meson-logs/testlog.json" <<'PY'
 import json, sys
@@ -81,11 +88,14 @@ fi
 suite build "--buildtype=release -Dcuda=auto -Dmpi=enabled" ""
 sanitizer="--buildtype=debugoptimized -Dcuda=disabled -Dmpi=enabled -Dbenchmarks=disabled -Db_lundef=false"
 suite build-asan "$sanitizer -Db_sanitize=address,undefined" "--timeout-multiplier 4"
-suite build-tsan "$sanitizer -Db_sanitize=thread" "--timeout-multiplier 6 --suite data --suite train"
+# The tests whose code runs on several threads at once, in process.
+concurrent=(test_stream test_communicator test_local_group test_local_group_x100 test_loader test_trainer)
+suite build-tsan "$sanitizer -Db_sanitize=thread" "--timeout-multiplier 6 ${concurrent[*]}" \
+  tests/test_stream tests/test_communicator tests/test_local_group tests/test_loader tests/test_trainer
 
-# Every libFuzzer target for FUZZ_SECONDS (60) from the committed seeds: counts as one.
+# Every libFuzzer target: its committed corpus replayed, then 20 s of fuzzing; counts as one.
 echo "== fuzz"
-if scripts/fuzz.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+if FUZZ_SECONDS=${FUZZ_SECONDS:-20} scripts/fuzz.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 
 slowest build/meson-logs/testlog.json build-asan/meson-logs/testlog.json build-tsan/meson-logs/testlog.json
 echo "$passed passed, $failed failed, $skipped skipped"
