@@ -42,7 +42,7 @@ VENV = ROOT / "bench" / ".venv-torch"
 DATA_CACHE = ROOT / "bench" / ".data" / "mnist"
 RESULTS = ROOT / "bench" / "results" / "time_to_accuracy.jsonl"
 RECIPE_PY = ROOT / "bench" / "pytorch" / "recipe.py"
-# MD5 of each decompressed IDX file as published (the same as src/data/catalog.cpp's).
+# MD5 of each decompressed IDX file as published (the same as src/fetch/catalog.cpp's).
 MNIST_MD5 = {"train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
              "train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",
              "t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",

@@ -1,6 +1,6 @@
 #pragma once
 // The rule of every file a command writes (docs/architecture.md decision 14), applied before any
-// work: each output passes check_output (data/file_io.hpp) and is no other output's
+// work: each output passes check_output (mnist_mt/file_io.hpp) and is no other output's
 // file nor an input's, but a checkpoint may replace the checkpoint the run continues.
 // And the end of stdout, where the results go: a reader that stopped early is no failure.
 #include <filesystem>

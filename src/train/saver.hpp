@@ -35,7 +35,7 @@ bool is_numbered_checkpoint(const std::filesystem::path& path, std::string_view 
 std::vector<std::filesystem::path> numbered_checkpoints(const std::filesystem::path& path);
 
 // Refuses (InputError naming `what` and the path, tagged `input`) an output path that
-// the rule of every output refuses (check_output, data/file_io.hpp): checked before
+// the rule of every output refuses (check_output, mnist_mt/file_io.hpp): checked before
 // training starts.
 void check_output_path(const std::filesystem::path& path, const char* what, const char* input);
 
