@@ -22,7 +22,7 @@
 #include <random>
 #include <string>
 
-#include "data/file_io.hpp"
+#include "mnist_mt/file_io.hpp"
 #include "golden/fixture.hpp"
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"

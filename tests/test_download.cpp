@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "data/catalog.hpp"
-#include "data/download_internal.hpp"
-#include "data/file_io.hpp"
-#include "data/md5.hpp"
+#include "fetch/catalog.hpp"
+#include "fetch/download_internal.hpp"
+#include "mnist_mt/file_io.hpp"
+#include "fetch/md5.hpp"
 #include "loopback.hpp"
 #include "mnist_mt/data_source.hpp"
 #include "mnist_mt/dataset.hpp"
