@@ -1,4 +1,5 @@
-// The own CPU kernels (src/cpu/conv1.cpp, pool.cpp, conv2_winograd.cpp, kernels.cpp) against scalar float64
+// The own CPU kernels (src/cpu/conv1.cpp, pool.cpp, conv2_backward.cpp, activation.cpp,
+// loss.cpp, update.cpp, norm.cpp, reduce.cpp, input.cpp) against scalar float64
 // references written here from the definitions, for every instruction set this CPU runs:
 // the process only ever uses one of them (isa.hpp), so the others are checked nowhere else.
 #include <gtest/gtest.h>
@@ -16,7 +17,7 @@
 #include <dnnl.hpp>
 
 #include "cpu/conv1.hpp"
-#include "cpu/conv2_winograd.hpp"
+#include "cpu/conv2_backward.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/pool.hpp"

@@ -17,7 +17,7 @@
 #include "cuda/element_ops.hpp"
 #include "cuda/errors.hpp"
 #include "cuda/kernels.hpp"
-#include "cuda/linear.hpp"
+#include "cuda/fc.hpp"
 #include "cuda/owners.hpp"
 #include "kernel_inputs.hpp"
 #include "mnist_mt/dataset.hpp"

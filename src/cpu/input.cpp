@@ -1,11 +1,30 @@
 #include "input.hpp"
 
+#include <array>
 #include <cstring>
 
 #include "kernels.hpp"
 #include "mnist_mt/model.hpp"
 
 namespace mnist_mt::cpu {
+namespace {
+
+const std::array<float, 256>& normalise_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int v = 0; v < 256; ++v) t[v] = (static_cast<float>(v) / 255.0f - kInputMean) / kInputStd;
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+void normalise_images(const std::uint8_t* pixels, std::size_t count, float* out) {
+  const std::array<float, 256>& table = normalise_table();
+  for (std::size_t i = 0; i < count; ++i) out[i] = table[pixels[i]];
+}
+
 
 StagedInput::StagedInput(std::uint32_t max_batch)
     : images_(std::size_t{max_batch} * kImageBytes), labels_(max_batch), samples_(max_batch) {}

@@ -1,5 +1,7 @@
 #pragma once
-// The CPU backend's own kernels: the small operations oneDNN has no primitive for.
+// The CPU backend's own kernels: the small operations oneDNN has no primitive for, each
+// defined in its op's file (input.cpp, activation.cpp, loss.cpp, update.cpp, norm.cpp,
+// reduce.cpp; conv1, pool and conv2's backward have headers of their own).
 // All run on the calling thread (a device's compute stream) and allocate nothing.
 #include <cstddef>
 #include <cstdint>
@@ -55,13 +57,21 @@ double reduce_in_order(std::span<const float* const> in, std::size_t begin, std:
                        std::span<float* const> out, ReduceOp op, std::size_t divisor);
 
 // The variants of dropout_forward, relu_dropout_backward, optimizer_update and sum_of_squares
-// for one ISA; the functions above run those of kernel_isa().
+// for one ISA, each defined beside its op; the functions above run those of kernel_isa().
+using DropoutForwardFn = void (*)(const DropoutKey&, const std::uint32_t*, std::uint32_t, RandomStream, std::uint32_t,
+                                  float, float*);
+using ReluDropoutBackwardFn = void (*)(const float*, float, std::size_t, float*);
+using OptimizerUpdateFn = void (*)(float*, const float*, float*, float*, std::size_t, const UpdateScalars&);
+using SumOfSquaresFn = void (*)(const float*, std::size_t, double*);
+DropoutForwardFn dropout_forward_variant(Isa isa);          // activation.cpp
+ReluDropoutBackwardFn relu_dropout_backward_variant(Isa isa);  // activation.cpp
+OptimizerUpdateFn optimizer_update_variant(Isa isa);        // update.cpp
+SumOfSquaresFn sum_of_squares_variant(Isa isa);             // norm.cpp
 struct ElementKernels {
-  void (*dropout_forward)(const DropoutKey&, const std::uint32_t*, std::uint32_t, RandomStream, std::uint32_t, float,
-                          float*);
-  void (*relu_dropout_backward)(const float*, float, std::size_t, float*);
-  void (*optimizer_update)(float*, const float*, float*, float*, std::size_t, const UpdateScalars&);
-  void (*sum_of_squares)(const float*, std::size_t, double*);
+  DropoutForwardFn dropout_forward;
+  ReluDropoutBackwardFn relu_dropout_backward;
+  OptimizerUpdateFn optimizer_update;
+  SumOfSquaresFn sum_of_squares;
 };
 ElementKernels element_kernels(Isa isa);
 

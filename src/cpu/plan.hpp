@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "aligned.hpp"
-#include "conv2_winograd.hpp"
+#include "conv2_backward.hpp"
 #include "isa.hpp"
 #include "step.hpp"
 #include "mnist_mt/model.hpp"

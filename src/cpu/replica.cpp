@@ -82,7 +82,8 @@ class CpuReplicaImpl final : public CpuReplica {
                            std::to_string(max_batch_) + " (or the batch's buffers are short)");
     const std::uint32_t n = batch.size;
     staged_.stage(device_.compute(), batch);
-    staged_.unpacked_at(device_.compute().enqueue([this, n] { timed(kInputOp, [&] { staged_.unpack(buffers_, n); }); }));
+    staged_.unpacked_at(
+        device_.compute().enqueue([this, n] { timed(kInputOp, [&] { staged_.unpack(buffers_, n); }); }));
     input_rows_ = labelled_rows_ = n;
     use_rows(n);
   }
@@ -93,7 +94,8 @@ class CpuReplicaImpl final : public CpuReplica {
       throw RuntimeFailure(device_.name() + ": scattered input of " + std::to_string(n) + " rows, replica holds 1.." +
                            std::to_string(max_batch_));
     staged_.stage_samples(device_.compute(), samples);
-    staged_.unpacked_at(device_.compute().enqueue([this, n] { staged_.unpack(buffers_, static_cast<std::uint32_t>(n)); }));
+    staged_.unpacked_at(
+        device_.compute().enqueue([this, n] { staged_.unpack(buffers_, static_cast<std::uint32_t>(n)); }));
     input_rows_ = static_cast<std::uint32_t>(n);
     labelled_rows_ = 0;
     use_rows(input_rows_);

@@ -14,7 +14,8 @@ bool StepStatsBook::admit(const UpdateGuard& guard, std::uint64_t number, double
   }
   ++sums_.skipped;
   // A halted replica's later steps are dropped whatever they hold.
-  if (!halted_ && !sums_.non_finite) sums_.non_finite = NonFiniteStep{guard.first_step + number, pending_.loss_sum, norm};
+  if (!halted_ && !sums_.non_finite)
+    sums_.non_finite = NonFiniteStep{guard.first_step + number, pending_.loss_sum, norm};
   pending_ = {};
   halted_ = halted_ || guard.halt;
   return false;

@@ -3,7 +3,7 @@
 // 6x6 input tiles at stride 4 cover the 26x26 map exactly and give the 24x24 output as
 // 6x6 tiles of 4x4, with 36 element-wise products per channel pair instead of 144
 // multiply-adds (Lavin & Gray's B, G and A). The channel sums between the transforms are
-// batched matrix products (conv2_winograd.hpp). Position xi = 6*row + column of a 6x6 tile; tile
+// batched matrix products (conv2_backward.hpp). Position xi = 6*row + column of a 6x6 tile; tile
 // t = 36*image + 6*tile_row + tile_column. Activations are nChw{B}c (isa.hpp).
 #include <cstdint>
 

@@ -11,7 +11,7 @@
 #include "geometry.hpp"
 #include "input.hpp"
 #include "kernels.hpp"
-#include "linear.hpp"
+#include "fc.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "step_stats.hpp"

@@ -1,4 +1,4 @@
-#include "linear.hpp"
+#include "fc.hpp"
 
 #include "errors.hpp"
 

@@ -1,6 +1,6 @@
 // conv2's forward: oneDNN's convolution on the blocked layout of the ISA. Its backward
-// is conv2_winograd.cpp.
-#include "conv2_forward.hpp"
+// is conv2_backward.cpp.
+#include "conv2.hpp"
 
 namespace mnist_mt::cpu {
 

@@ -1,4 +1,4 @@
-#include "conv2_winograd.hpp"
+#include "conv2_backward.hpp"
 
 #include <algorithm>
 #include <cstring>
