@@ -365,39 +365,6 @@ TEST_F(ReplicaTest, GradientsMatchFiniteDifferences) {
   }
 }
 
-// ---- The dropout kernels on their own. ----
-
-// Each element is kept exactly when dropout_keep() says so, and then scaled by 1/(1-p).
-TEST(DropoutKernels, ForwardKeepsAsDropoutKeepAndScales) {
-  const std::vector<std::uint32_t> samples{0, 3, 59999, 12345};
-  const DropoutKey key{0xabcdef0123ull, 9};
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> dist(0.5f, 2.0f);
-  for (auto [stream, elements, p] : {std::tuple{RandomStream::kDropout0, 9216u, kDropout1},
-                                     std::tuple{RandomStream::kDropout1, 128u, kDropout2},
-                                     std::tuple{RandomStream::kDropout1, 70u, 0.3f}}) {
-    std::vector<float> x(samples.size() * elements);
-    for (float& v : x) v = dist(rng);
-    std::vector<float> y = x;
-    dropout_forward(key, samples.data(), static_cast<std::uint32_t>(samples.size()), stream, elements, p, y.data());
-    const float scale = 1.0f / (1.0f - p);
-    for (std::size_t n = 0; n < samples.size(); ++n)
-      for (std::uint32_t e = 0; e < elements; ++e) {
-        const std::size_t i = n * elements + e;
-        ASSERT_EQ(y[i], dropout_keep(key.seed, key.epoch, samples[n], stream, e, p) ? x[i] * scale : 0.0f)
-            << "sample " << samples[n] << " element " << e;
-      }
-  }
-}
-
-// The gradient passes, scaled, exactly where the forward output is positive.
-TEST(DropoutKernels, BackwardPassesWhereOutputIsPositive) {
-  const std::vector<float> out{0.0f, 1.5f, 0.0f, 2e-38f, 3.0f};
-  std::vector<float> d{1.0f, 2.0f, -3.0f, 4.0f, -5.0f};
-  relu_dropout_backward(out.data(), 2.0f, out.size(), d.data());
-  EXPECT_EQ(d, (std::vector<float>{0.0f, 4.0f, 0.0f, 8.0f, -10.0f}));
-}
-
 // ---- The contract with the trainer. ----
 
 // grads_ready(l) comes on the calling thread in the order fc2, fc1, conv2, conv1, and work

@@ -1,8 +1,9 @@
 // Each CUDA kernel launcher (src/cuda/kernels.hpp), the cuDNN convolution and the cuBLAS
 // products, at batch sizes 1, 3, 64 and 256, against host references: element_ops.hpp's
 // functions for the own kernels (which test_cuda_reference checks against the CPU backend),
-// float64 loops for cuDNN and cuBLAS. cuDNN times its algorithms per batch size, so the
-// large batches compare the algorithms it picks there. Needs a GPU (gpu_main.cpp).
+// conv_reference.hpp's float64 convolution for cuDNN, a float64 loop for cuBLAS. cuDNN
+// times its algorithms per batch size, so the large batches compare the algorithms it
+// picks there. Needs a GPU (gpu_main.cpp).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -13,11 +14,12 @@
 #include <random>
 #include <vector>
 
+#include "conv_reference.hpp"
 #include "cuda/conv.hpp"
 #include "cuda/element_ops.hpp"
 #include "cuda/errors.hpp"
-#include "cuda/kernels.hpp"
 #include "cuda/fc.hpp"
+#include "cuda/kernels.hpp"
 #include "cuda/owners.hpp"
 #include "kernel_inputs.hpp"
 #include "mnist_mt/dataset.hpp"
@@ -30,6 +32,7 @@ using testing_inputs::grid_values;
 using testing_inputs::same;
 using testing_inputs::sprinkle_nan;
 using testing_inputs::uniform;
+using Reference = testing_reference::Sums;
 
 const std::uint32_t kBatches[] = {1, 3, 64, 256};
 constexpr DropoutKey kKey{0xfeed'beefULL, 5};
@@ -76,9 +79,21 @@ class CudaKernels : public ::testing::Test {
   DeviceBuffer<std::uint32_t> device_samples_;
 };
 
+// One suite per source file of src/cuda (input.cu, activation.cu, pool.cu, bias_grad.cu,
+// loss.cu, update.cu, conv.cpp, fc.cpp): --gtest_filter '*Pool.*' finds pool.cu's tests
+// here and pool.cpp's in test_cpu_kernels.
+class Input : public CudaKernels {};
+class Activation : public CudaKernels {};
+class Pool : public CudaKernels {};
+class BiasGrad : public CudaKernels {};
+class Loss : public CudaKernels {};
+class Update : public CudaKernels {};
+class Conv : public CudaKernels {};
+class Fc : public CudaKernels {};
+
 // Every elementwise kernel is compared bit for bit, NaN included: the device rounds each
 // fp32 add, multiply and divide as the host does, and none of them can be contracted into an FMA.
-TEST_F(CudaKernels, NormalizeImages) {
+TEST_F(Input, NormalizeImages) {
   for (const std::uint32_t n : kBatches) {
     std::vector<std::uint8_t> images(std::size_t{n} * kImageBytes);
     std::mt19937 rng(n);
@@ -99,7 +114,7 @@ struct Layer {
 constexpr Layer kLayers[] = {{kConv1Channels, kConv1Side * kConv1Side}, {kConv2Channels, kConv2Side * kConv2Side},
                              {kHidden, 1}, {10, 1}};
 
-TEST_F(CudaKernels, BiasReluDropoutAndBackward) {
+TEST_F(Activation, BiasReluDropoutAndBackward) {
   for (const std::uint32_t n : kBatches)
     for (const Layer layer : kLayers)
       for (const float p : {0.0f, kDropout2}) {
@@ -125,7 +140,7 @@ TEST_F(CudaKernels, BiasReluDropoutAndBackward) {
       }
 }
 
-TEST_F(CudaKernels, MaxPoolDropoutForwardAndBackward) {
+TEST_F(Pool, MaxPoolDropoutForwardAndBackward) {
   constexpr int kSide = kPoolSide, kC = kConv2Channels;
   for (const std::uint32_t n : kBatches)
     for (const float p : {0.0f, kDropout1}) {
@@ -157,7 +172,7 @@ TEST_F(CudaKernels, MaxPoolDropoutForwardAndBackward) {
 
 // The kernel sums in its own fixed order: any fp32 order of m terms is within
 // m * 2^-24 * sum|term| of the exact sum, computed here in float64.
-TEST_F(CudaKernels, BiasGrad) {
+TEST_F(BiasGrad, SumsEachChannel) {
   for (const std::uint32_t n : kBatches)
     for (const Layer layer : kLayers) {
       SCOPED_TRACE(testing::Message() << "batch " << n << " channels " << layer.channels);
@@ -182,7 +197,7 @@ TEST_F(CudaKernels, BiasGrad) {
 // logprobs and dlogits: the device's expf and logf are within 2 and 1 ulp (CUDA
 // Programming Guide, "Mathematical Functions"), glibc's within 1: a few ulp of log_sum in
 // all, below 1e-5 of max(1, |value|). The counts are exact; the loss sums within that per row.
-TEST_F(CudaKernels, LogSoftmaxNll) {
+TEST_F(Loss, LogSoftmaxNll) {
   for (const std::uint32_t n : {1u, 3u, 64u, 256u, 1000u}) {  // 1000: more rows than threads
     SCOPED_TRACE(testing::Message() << "batch " << n);
     const std::vector<float> z = grid_values(std::size_t{n} * kClasses, 7), bias = grid_values(kClasses, 8);
@@ -221,7 +236,7 @@ TEST_F(CudaKernels, LogSoftmaxNll) {
 // Bitwise (update_at's explicit roundings), over more elements than one grid covers, for
 // every optimizer; the scalars come from begin_update on the device, and a closed gate
 // leaves everything as it was.
-TEST_F(CudaKernels, OptimizerUpdate) {
+TEST_F(Update, OptimizerUpdate) {
   constexpr std::size_t kCount = (std::size_t{1} << 24) + 1001;
   const std::vector<float> p0 = uniform(kCount, -1, 1, 9), g = uniform(kCount, -0.1f, 0.1f, 10);
   const std::vector<float> m0 = uniform(kCount, -0.1f, 0.1f, 11), v0 = uniform(kCount, 0.0f, 0.01f, 12);
@@ -268,17 +283,6 @@ TEST_F(CudaKernels, OptimizerUpdate) {
 
 // ---- cuDNN and cuBLAS ----
 
-// Each value and the sum of |terms| behind it, in float64.
-struct Reference {
-  std::vector<double> value;
-  std::vector<double> magnitude;
-  explicit Reference(std::size_t count) : value(count), magnitude(count) {}
-  void add(std::size_t i, double term) {
-    value[i] += term;
-    magnitude[i] += std::abs(term);
-  }
-};
-
 // fp32 without TF32, but cuDNN may pick FFT or Winograd algorithms, whose rounding is
 // bounded by the magnitudes over a whole tile rather than term by term (about 1e-6 of the
 // sums of |terms| in the tile for these shapes), and cuBLAS may split long sums. So a
@@ -301,80 +305,57 @@ constexpr ConvShape kConvs[] = {{1, int{kConv1Channels}, int{kImageSide}, 3},
                                 {int{kConv1Channels}, int{kConv2Channels}, int{kConv1Side}, 3}};
 constexpr std::size_t kWorkspaceCap = std::size_t{512} << 20;
 
-// x[n][c][in][in], w[k][c][3][3], y and dy [n][k][out][out]; every product of the valid
-// cross-correlation goes to y (forward), dw (backward filter) and dx (backward data).
-struct ConvReferences {
-  Reference y, dw, dx;
-};
-ConvReferences conv_references(const ConvShape& s, std::uint32_t n, const std::vector<float>& x,
-                               const std::vector<float>& w, const std::vector<float>& dy) {
-  const std::size_t in = s.in_side, out = s.out_side(), kk = s.kernel;
-  ConvReferences r{Reference(dy.size()), Reference(w.size()), Reference(x.size())};
-  for (std::size_t b = 0; b < n; ++b)
-    for (std::size_t k = 0; k < std::size_t(s.out_channels); ++k)
-      for (std::size_t c = 0; c < std::size_t(s.in_channels); ++c)
-        for (std::size_t ky = 0; ky < kk; ++ky)
-          for (std::size_t kx = 0; kx < kk; ++kx) {
-            const std::size_t wi = ((k * s.in_channels + c) * kk + ky) * kk + kx;
-            const double wv = w[wi];
-            for (std::size_t oy = 0; oy < out; ++oy)
-              for (std::size_t ox = 0; ox < out; ++ox) {
-                const std::size_t xi = ((b * s.in_channels + c) * in + oy + ky) * in + ox + kx;
-                const std::size_t yi = ((b * s.out_channels + k) * out + oy) * out + ox;
-                r.y.add(yi, wv * x[xi]);
-                r.dw.add(wi, double{dy[yi]} * x[xi]);
-                r.dx.add(xi, double{dy[yi]} * wv);
-              }
-          }
-  return r;
-}
-
-TEST_F(CudaKernels, Conv2dForwardAndBackward) {
-  const CudnnOwner cudnn = make_cudnn(stream());
-  for (const ConvShape& shape : kConvs)
-    for (const std::uint32_t n : kBatches) {
-      SCOPED_TRACE(testing::Message() << "batch " << n << " channels " << shape.in_channels << "->"
-                                      << shape.out_channels);
-      const std::size_t in = shape.in_side, out = shape.out_side();
-      const std::vector<float> x = uniform(std::size_t{n} * shape.in_channels * in * in, -1, 1, 12);
-      const std::vector<float> w = uniform(std::size_t(shape.out_channels) * shape.in_channels * 9, -0.5f, 0.5f, 13);
-      const std::vector<float> dy = uniform(std::size_t{n} * shape.out_channels * out * out, -1, 1, 14);
-      const ConvReferences ref = conv_references(shape, n, x, w, dy);
-      const auto d_x = upload(x, stream()), d_w = upload(w, stream()), d_dy = upload(dy, stream());
-      // Tuned at this batch (cuDNN's timed choice), then tuned at the largest and run at
-      // this one (its heuristics' choice, as for an evaluation's last batch).
-      for (const bool tuned_here : {true, false}) {
-        if (!tuned_here && n == kBatches[3]) continue;
-        SCOPED_TRACE(tuned_here ? "timed" : "heuristic");
-        Conv2d conv(shape, BackendOptions{}, true);
-        const std::size_t bytes = conv.tune(cudnn.get(), static_cast<int>(tuned_here ? n : kBatches[3]), kWorkspaceCap);
-        const DeviceBuffer<std::uint8_t> ws(std::max<std::size_t>(bytes, 256));
-        const Workspace space{ws.data(), ws.bytes()};
-        const auto d_y = unwritten(dy.size(), stream()), d_dw = unwritten(w.size(), stream());
-        const auto d_dx = unwritten(x.size(), stream());
-        const int rows = static_cast<int>(n);
-        conv.forward(cudnn.get(), rows, d_x.data(), d_w.data(), d_y.data(), space);
-        conv.backward_filter(cudnn.get(), rows, d_x.data(), d_dy.data(), d_dw.data(), space);
-        conv.backward_data(cudnn.get(), rows, d_w.data(), d_dy.data(), d_dx.data(), space);
-        expect_close(download(d_y, dy.size(), stream()), ref.y, "forward");
-        expect_close(download(d_dw, w.size(), stream()), ref.dw, "backward filter");
-        expect_close(download(d_dx, x.size(), stream()), ref.dx, "backward data");
-      }
+// cuDNN's forward, backward filter and backward data of one convolution (conv.cpp) against
+// the float64 reference.
+void expect_conv_matches_reference(cudaStream_t stream, const ConvShape& shape) {
+  const CudnnOwner cudnn = make_cudnn(stream);
+  for (const std::uint32_t n : kBatches) {
+    SCOPED_TRACE(testing::Message() << "batch " << n << " channels " << shape.in_channels << "->"
+                                  << shape.out_channels);
+    const std::size_t in = shape.in_side, out = shape.out_side();
+    const std::vector<float> x = uniform(std::size_t{n} * shape.in_channels * in * in, -1, 1, 12);
+    const std::vector<float> w = uniform(std::size_t(shape.out_channels) * shape.in_channels * 9, -0.5f, 0.5f, 13);
+    const std::vector<float> dy = uniform(std::size_t{n} * shape.out_channels * out * out, -1, 1, 14);
+    const auto ref = testing_reference::conv_reference(
+        {n, std::size_t(shape.in_channels), std::size_t(shape.out_channels), in, std::size_t(shape.kernel)}, x, w, dy);
+    const auto d_x = upload(x, stream), d_w = upload(w, stream), d_dy = upload(dy, stream);
+    // Tuned at this batch (cuDNN's timed choice), then tuned at the largest and run at
+    // this one (its heuristics' choice, as for an evaluation's last batch).
+    for (const bool tuned_here : {true, false}) {
+      if (!tuned_here && n == kBatches[3]) continue;
+      SCOPED_TRACE(tuned_here ? "timed" : "heuristic");
+      Conv2d conv(shape, BackendOptions{}, true);
+      const std::size_t bytes = conv.tune(cudnn.get(), static_cast<int>(tuned_here ? n : kBatches[3]), kWorkspaceCap);
+      const DeviceBuffer<std::uint8_t> ws(std::max<std::size_t>(bytes, 256));
+      const Workspace space{ws.data(), ws.bytes()};
+      const auto d_y = unwritten(dy.size(), stream), d_dw = unwritten(w.size(), stream);
+      const auto d_dx = unwritten(x.size(), stream);
+      const int rows = static_cast<int>(n);
+      conv.forward(cudnn.get(), rows, d_x.data(), d_w.data(), d_y.data(), space);
+      conv.backward_filter(cudnn.get(), rows, d_x.data(), d_dy.data(), d_dw.data(), space);
+      conv.backward_data(cudnn.get(), rows, d_w.data(), d_dy.data(), d_dx.data(), space);
+      expect_close(download(d_y, dy.size(), stream), ref.y, "forward");
+      expect_close(download(d_dw, w.size(), stream), ref.dw, "backward filter");
+      expect_close(download(d_dx, x.size(), stream), ref.dx, "backward data");
     }
+  }
 }
 
-struct Fc {
+TEST_F(Conv, Conv1ForwardAndBackward) { expect_conv_matches_reference(stream(), kConvs[0]); }
+TEST_F(Conv, Conv2ForwardAndBackward) { expect_conv_matches_reference(stream(), kConvs[1]); }
+
+struct FcShape {
   int in;
   int out;
 };
 
-TEST_F(CudaKernels, LinearForwardAndBackward) {
+TEST_F(Fc, ForwardAndBackward) {
   cublasHandle_t raw = nullptr;
   CUBLAS_CHECK(cublasCreate(&raw));
   const CublasOwner cublas(raw);
   CUBLAS_CHECK(cublasSetStream(raw, stream()));
   CUBLAS_CHECK(cublasSetMathMode(raw, CUBLAS_DEFAULT_MATH));  // fp32, as the replica without TF32
-  for (const Fc fc : {Fc{int{kFlat}, int{kHidden}}, Fc{int{kHidden}, 10}})
+  for (const FcShape fc : {FcShape{int{kFlat}, int{kHidden}}, FcShape{int{kHidden}, 10}})
     for (const std::uint32_t n : kBatches) {
       SCOPED_TRACE(testing::Message() << "batch " << n << " " << fc.in << "->" << fc.out);
       const std::size_t in = fc.in, out = fc.out;
