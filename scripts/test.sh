@@ -3,13 +3,14 @@
 #   scripts/test.sh           every test (CI's command): a release build (with the CUDA
 #                             backend compiled and linked when the toolkit is present; its
 #                             GPU tests skip without a GPU) running every test; an
-#                             ASan+UBSan build (-Og), without the benchmarks, running every
-#                             CPU test; a ThreadSanitizer build of only the tests of the
-#                             concurrent code (streams, communicators, local group, loader,
-#                             trainer) running those; then the fuzz targets
-#                             (scripts/fuzz.sh: the committed corpus replayed, then
-#                             FUZZ_SECONDS, 20 here, of fuzzing each); prints the ten
-#                             slowest tests.
+#                             ASan+UBSan build (-Og), without the benchmarks, running once
+#                             every CPU test in which compiled code runs; a ThreadSanitizer
+#                             build of only the tests of the concurrent code (streams,
+#                             communicators, local group, loader, trainer) running those;
+#                             then the fuzz targets (scripts/fuzz.sh: the committed corpus
+#                             replayed, then FUZZ_SECONDS, 20 here, of fuzzing, the targets
+#                             side by side); prints each part's time and the ten slowest
+#                             tests.
 #   scripts/test.sh --quick   the release build's 'quick' suite: every test but the slow
 #                             reliability, MPI and repeated ones, for the inner loop.
 # Ends with one line: "N passed, N failed, N skipped".
@@ -95,13 +96,16 @@ suite build "--buildtype=release -Dcuda=auto -Dmpi=enabled" ""
 # faster than -O2 under UBSan; the CPU kernels stay at -O2 there (src/cpu/meson.build),
 # so that its training runs keep their pace. ThreadSanitizer at -O2.
 sanitizer="--buildtype=custom -Ddebug=false -Dcpp_args=-g1 -Dcuda=disabled -Dmpi=enabled -Dbenchmarks=disabled -Db_lundef=false"
-suite build-asan "$sanitizer -Doptimization=g -Db_sanitize=address,undefined" "--timeout-multiplier 4"
+# Every test in which compiled code runs, once (the 100-fold repeat runs in the others).
+suite build-asan "$sanitizer -Doptimization=g -Db_sanitize=address,undefined" \
+  "--timeout-multiplier 4 --no-suite python --no-suite repeated"
 # The tests whose code runs on several threads at once, in process.
 concurrent=(test_stream test_communicator test_local_group test_local_group_x100 test_loader test_trainer)
 suite build-tsan "$sanitizer -Doptimization=2 -Db_sanitize=thread" "--timeout-multiplier 6 ${concurrent[*]}" \
   tests/test_stream tests/test_communicator tests/test_local_group tests/test_loader tests/test_trainer
 
-# Every libFuzzer target: its committed corpus replayed, then 20 s of fuzzing; counts as one.
+# Every libFuzzer target: its committed corpus replayed, then 20 s of fuzzing, all at
+# once; counts as one.
 echo "== fuzz"
 start=$SECONDS
 if FUZZ_SECONDS=${FUZZ_SECONDS:-20} scripts/fuzz.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi

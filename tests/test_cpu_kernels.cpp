@@ -60,27 +60,21 @@ std::size_t blocked(std::size_t n, std::size_t c, std::size_t y, std::size_t x, 
   return ((n * (channels / block) + c / block) * side * side + y * side + x) * block + c % block;
 }
 
-// The element at index i of an NCHW tensor, from a tensor in the nChw{B}c layout.
-std::vector<float> unblocked(const std::vector<float>& v, std::size_t batch, std::size_t channels, std::size_t side,
-                             std::size_t block) {
-  std::vector<float> out(v.size());
+// A tensor moved between the NCHW layout (the references') and nChw{B}c (the kernels').
+enum class Into { kNchw, kBlocked };
+template <typename T>
+std::vector<T> relayout(const std::vector<T>& v, Into into, std::size_t batch, std::size_t channels, std::size_t side,
+                        std::size_t block) {
+  std::vector<T> out(v.size());
   for (std::size_t n = 0; n < batch; ++n)
     for (std::size_t c = 0; c < channels; ++c)
       for (std::size_t y = 0; y < side; ++y)
-        for (std::size_t x = 0; x < side; ++x)
-          out[((n * channels + c) * side + y) * side + x] = v[blocked(n, c, y, x, channels, side, block)];
-  return out;
-}
-
-// An NCHW tensor of references in the nChw{B}c layout.
-std::vector<double> to_blocked(const std::vector<double>& v, std::size_t batch, std::size_t channels, std::size_t side,
-                               std::size_t block) {
-  std::vector<double> out(v.size());
-  for (std::size_t n = 0; n < batch; ++n)
-    for (std::size_t c = 0; c < channels; ++c)
-      for (std::size_t y = 0; y < side; ++y)
-        for (std::size_t x = 0; x < side; ++x)
-          out[blocked(n, c, y, x, channels, side, block)] = v[((n * channels + c) * side + y) * side + x];
+        for (std::size_t x = 0; x < side; ++x) {
+          const std::size_t plain = ((n * channels + c) * side + y) * side + x;
+          const std::size_t at = blocked(n, c, y, x, channels, side, block);
+          if (into == Into::kNchw) out[plain] = v[at];
+          else out[at] = v[plain];
+        }
   return out;
 }
 
@@ -134,7 +128,7 @@ TEST_P(Conv1, ForwardIsReluOfConvolution) {
     std::vector<float> out(batch * kConv1Channels * kOut1 * kOut1, kNaN);
     conv1_kernels(isa()).forward(in.x.data(), in.w.data(), in.b.data(), batch, out.data());
     const std::vector<double> pre_nchw = conv1_pre(in, batch);
-    const std::vector<double> pre = to_blocked(pre_nchw, batch, kConv1Channels, kOut1, block());
+    const std::vector<double> pre = relayout(pre_nchw, Into::kBlocked, batch, kConv1Channels, kOut1, block());
 
     std::size_t bad = 0, positive = 0, cut = 0;
     for (std::size_t i = 0; i < out.size(); ++i) {
@@ -173,7 +167,8 @@ TEST_P(Conv1, BackwardWeightsSumsGradientWhereOutputIsPositive) {
     const Conv1Case in = conv1_case(batch, 20 + batch);
     const std::size_t count = batch * kConv1Channels * kOut1 * kOut1;
     // out: the forward's output (the float64 reference rounded), in the blocked layout.
-    std::vector<double> pre = to_blocked(conv1_pre(in, batch), batch, kConv1Channels, kOut1, block());
+    const std::vector<double> pre =
+        relayout(conv1_pre(in, batch), Into::kBlocked, batch, kConv1Channels, kOut1, block());
     std::vector<float> out(count), masked(count);
     const std::vector<float> d_out = uniform(count, -1, 1, 30 + batch);
     for (std::size_t i = 0; i < count; ++i) {
@@ -181,8 +176,9 @@ TEST_P(Conv1, BackwardWeightsSumsGradientWhereOutputIsPositive) {
       masked[i] = out[i] > 0 ? d_out[i] : 0.0f;
     }
     const auto ref = conv_reference(conv1_geometry(batch), in.x, in.w,
-                                    unblocked(masked, batch, kConv1Channels, kOut1, block()));
-    const std::vector<double>&want_dw = ref.dw.value, &want_db = ref.db.value;
+                                    relayout(masked, Into::kNchw, batch, kConv1Channels, kOut1, block()));
+    const auto& want_dw = ref.dw.value;
+    const auto& want_db = ref.db.value;
 
     std::vector<float> dw(want_dw.size(), kNaN), db(want_db.size(), kNaN);
     conv1_kernels(isa()).backward_weights(in.x.data(), out.data(), d_out.data(), batch, dw.data(), db.data());
@@ -396,10 +392,11 @@ TEST_P(Conv2Backward, WinogradEqualsDirectGradients) {
     Conv2WinogradBackward conv2(engine, batch, isa());
     conv2.backward(stream, a1.data(), w.data(), d_a2.data(), dw.data(), db.data(), d_a1.data());
 
-    const auto ref = conv_reference({batch, kIc, kOc, kSide, 3}, unblocked(a1, batch, kIc, kSide, B), w,
-                                    unblocked(d_a2, batch, kOc, kOut, B));
-    const std::vector<double>&want_dw = ref.dw.value, &want_db = ref.db.value;
-    const std::vector<double> want_da1 = to_blocked(ref.dx.value, batch, kIc, kSide, B);
+    const auto ref = conv_reference({batch, kIc, kOc, kSide, 3}, relayout(a1, Into::kNchw, batch, kIc, kSide, B), w,
+                                    relayout(d_a2, Into::kNchw, batch, kOc, kOut, B));
+    const auto& want_dw = ref.dw.value;
+    const auto& want_db = ref.db.value;
+    const std::vector<double> want_da1 = relayout(ref.dx.value, Into::kBlocked, batch, kIc, kSide, B);
     expect_close(dw, want_dw, "dw");
     expect_close(db, want_db, "db");
     expect_close(d_a1, want_da1, "d_a1");

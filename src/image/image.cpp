@@ -32,21 +32,43 @@ void check_size(const fs::path& path, std::uint64_t width, std::uint64_t height)
   }
 }
 
+// A read of a PNG in memory by libpng's simplified API: its header read on construction,
+// freed on destruction; a failure names the file.
+class PngRead {
+ public:
+  PngRead(const fs::path& path, const std::vector<std::uint8_t>& bytes) : path_(path) {
+    image_.version = PNG_IMAGE_VERSION;
+    if (png_image_begin_read_from_memory(&image_, bytes.data(), bytes.size()) == 0) {
+      const std::string message = image_.message;
+      png_image_free(&image_);
+      fail(path, message);
+    }
+  }
+  PngRead(const PngRead&) = delete;
+  PngRead& operator=(const PngRead&) = delete;
+  ~PngRead() { png_image_free(&image_); }
+
+  png_image& image() { return image_; }
+  // The pixels in image().format, into buffer (and the palette into colormap).
+  void finish(const png_color* background, void* buffer, void* colormap) {
+    if (png_image_finish_read(&image_, background, buffer, 0, colormap) == 0) fail(path_, image_.message);
+  }
+
+ private:
+  const fs::path& path_;
+  png_image image_{};
+};
+
 // libpng maps a palette index past the palette to black without a word; such a file
 // is refused. The colour-mapped read hands over the indices as they are in the file.
 void check_palette_indices(const fs::path& path, const std::vector<std::uint8_t>& bytes) {
-  png_image image{};
-  image.version = PNG_IMAGE_VERSION;
-  struct Free {
-    png_image* image;
-    ~Free() { png_image_free(image); }
-  } free_image{&image};
-  if (png_image_begin_read_from_memory(&image, bytes.data(), bytes.size()) == 0) fail(path, image.message);
+  PngRead read(path, bytes);
+  png_image& image = read.image();
   const std::uint32_t entries = image.colormap_entries;
   image.format = PNG_FORMAT_RGBA_COLORMAP;
   std::vector<std::uint8_t> indices(PNG_IMAGE_SIZE(image));
   std::vector<std::uint8_t> colormap(PNG_IMAGE_COLORMAP_SIZE(image));
-  if (png_image_finish_read(&image, nullptr, indices.data(), 0, colormap.data()) == 0) fail(path, image.message);
+  read.finish(nullptr, indices.data(), colormap.data());
   const auto bad = std::find_if(indices.begin(), indices.end(), [&](std::uint8_t i) { return i >= entries; });
   if (bad != indices.end())
     fail(path, "palette index " + std::to_string(*bad) + " at pixel " + std::to_string(bad - indices.begin()) +
@@ -55,19 +77,14 @@ void check_palette_indices(const fs::path& path, const std::vector<std::uint8_t>
 
 // libpng's simplified API: any PNG to 8-bit grey, alpha composited onto black.
 DigitImage decode_png(const fs::path& path, const std::vector<std::uint8_t>& bytes) {
-  png_image image{};
-  image.version = PNG_IMAGE_VERSION;
-  struct Free {
-    png_image* image;
-    ~Free() { png_image_free(image); }
-  } free_image{&image};
-  if (png_image_begin_read_from_memory(&image, bytes.data(), bytes.size()) == 0) fail(path, image.message);
+  PngRead read(path, bytes);
+  png_image& image = read.image();
   check_size(path, image.width, image.height);
   if ((image.format & PNG_FORMAT_FLAG_COLORMAP) != 0) check_palette_indices(path, bytes);
   image.format = PNG_FORMAT_GRAY;
   std::vector<std::uint8_t> grey(PNG_IMAGE_SIZE(image));
   const png_color black{0, 0, 0};
-  if (png_image_finish_read(&image, &black, grey.data(), 0, nullptr) == 0) fail(path, image.message);
+  read.finish(&black, grey.data(), nullptr);
   return resize_area(grey.data(), image.width, image.height);
 }
 
