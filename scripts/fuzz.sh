@@ -23,7 +23,9 @@ pids=()
 build idx_raw fuzz/fuzz_idx.cpp src/data/idx.cpp src/data/gunzip.cpp & pids+=($!)
 build idx_gzip fuzz/fuzz_idx.cpp src/data/idx.cpp src/data/gunzip.cpp -DFUZZ_GZIP & pids+=($!)
 build checkpoint fuzz/fuzz_checkpoint.cpp src/model/checkpoint.cpp src/base/file_io.cpp & pids+=($!)
-for pid in "${pids[@]}"; do wait "$pid" || { echo "== fuzz: a target failed to build"; exit 1; }; done
+built=0
+for pid in "${pids[@]}"; do wait "$pid" || built=1; done
+[ "$built" -eq 0 ] || { echo "== fuzz: a target failed to build"; exit 1; }
 
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(idx_raw idx_gzip checkpoint)

@@ -1,6 +1,7 @@
 #pragma once
 // Inputs and the comparison shared by the tests of the CUDA kernels' references
-// (test_cuda_reference.cpp) and of the kernels themselves (test_cuda_kernels.cpp).
+// (test_cuda_reference.cpp), of the CUDA kernels (test_cuda_kernels.cpp) and of the CPU
+// kernels (test_cpu_kernels.cpp).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>

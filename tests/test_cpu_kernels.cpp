@@ -1,7 +1,9 @@
-// The own CPU kernels (src/cpu/conv1.cpp, pool.cpp, conv2_backward.cpp, activation.cpp,
-// loss.cpp, update.cpp, norm.cpp, reduce.cpp, input.cpp) against scalar float64
-// references written here from the definitions, for every instruction set this CPU runs:
-// the process only ever uses one of them (isa.hpp), so the others are checked nowhere else.
+// The own CPU kernels with a variant per instruction set (src/cpu/conv1.cpp, pool.cpp,
+// conv2_backward.cpp, activation.cpp, update.cpp, norm.cpp) against scalar float64
+// references written from the definitions, for every instruction set this CPU runs: the
+// process only ever uses one of them (isa.hpp), so the others are checked nowhere else.
+// loss.cpp and input.cpp are checked bitwise by test_cuda_reference, reduce.cpp by
+// test_communicator.
 #include <gtest/gtest.h>
 
 #include <algorithm>

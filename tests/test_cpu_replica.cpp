@@ -11,16 +11,15 @@
 #include <numeric>
 #include <random>
 #include <thread>
-#include <tuple>
 
 #include "cpu/device.hpp"
-#include "cpu/kernels.hpp"
 #include "cpu/replica.hpp"
 #include "golden/fixture.hpp"
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
+#include "mnist_mt/philox.hpp"
 #include "model/replica_testing.hpp"
 #include "mnist_mt/schedule.hpp"
 #include "optimizer_cases.hpp"
