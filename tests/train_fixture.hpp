@@ -54,6 +54,13 @@ inline TrainResult run(const TrainConfig& config) {
   return train(*backend, dataset(), config);
 }
 
+// The parameters a run of `seed` starts from (config_for's seed is 7).
+inline std::vector<float> initial_params(std::uint64_t seed) {
+  std::vector<float> params(kParamCount);
+  init_parameters(seed, params);
+  return params;
+}
+
 // The worst over the parameter tensors of |a - b| / |b| (Euclidean norms). Norms, not
 // elements: rounding differences may flip a max-pool choice between near-equal inputs,
 // which moves a few single weights by more while the tensor stays as close.

@@ -1,7 +1,7 @@
 #pragma once
 // The subcommands: training (the default), eval, predict. Each adds its flags to its
-// CLI11 app and runs from them; errors are InputError (exit 2) or anything else (3).
-#include <CLI/CLI.hpp>
+// CLI11 app (flags.cpp) and runs from them; errors are InputError (exit 2) or anything
+// else (3).
 #include <cstdint>
 #include <optional>
 #include <string>

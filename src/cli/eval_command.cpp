@@ -53,13 +53,6 @@ nlohmann::ordered_json to_json(const EvalResult& r, const std::string& checkpoin
 
 }  // namespace
 
-void add_eval_flags(CLI::App& app, EvalFlags& f) {
-  add_device_flags(app, f.device);
-  add_data_flags(app, f.data);
-  app.add_option("--load", f.load, "The checkpoint to evaluate")->required();
-  app.add_option("--batch-size", f.batch, "Batch size per device")->capture_default_str();
-  app.add_option("--json", f.json, "Also write the results to this file as JSON");
-}
 
 int run_eval(const EvalFlags& f) {
   EvalConfig config;

@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <limits>
@@ -65,42 +63,10 @@ std::optional<std::filesystem::path> env_path(const char* name) {
   return std::filesystem::path(value);
 }
 
-// What is wrong with a finite value >= 0, `text`, held as a T: too large, or so small
-// that it becomes 0. Empty when nothing.
-template <typename T>
-std::string beyond(long double value, const std::string& text, const std::string& type) {
-  const auto shown = [](long double bound) {
-    char digits[32];
-    std::snprintf(digits, sizeof digits, "%Lg", bound);
-    return std::string(digits);
-  };
-  if (value > std::numeric_limits<T>::max())
-    return text + " is more than " + type + " holds (" + shown(std::numeric_limits<T>::max()) + ")";
-  if (value != 0 && static_cast<T>(value) == 0)
-    return text + " is closer to 0 than " + type + " holds (its least above 0: " +
-           shown(std::numeric_limits<T>::denorm_min()) + ")";
-  return "";
-}
 
 }  // namespace
 
-void add_device_flags(CLI::App& app, DeviceFlags& f) {
-  auto* cpu = app.add_option("--cpu", f.cpu, "Run on N CPU devices (threads), one rank each");
-  app.add_option("--gpus", f.gpus, "Run on these CUDA devices, e.g. 0,1,2")->excludes(cpu);
-  app.add_flag("--deterministic", f.deterministic, "CUDA: deterministic algorithms only");
-  app.add_flag("--tf32", f.tf32, "CUDA: allow TF32 math");
-}
 
-void add_data_flags(CLI::App& app, DataFlags& f) {
-  app.add_option("--data", f.data,
-                 "Directory of the IDX files (or of torchvision's MNIST/raw); with --download, where they go");
-  app.add_option("--dataset", f.dataset, "The data set wanted")
-      ->check(CLI::IsMember({"mnist", "fashion-mnist"}))
-      ->capture_default_str();
-  app.add_flag("--download", f.download, "Fetch the data set's files (verified) unless present");
-  app.add_option("--mirror", f.mirrors, "With --download: a base URL tried before the published mirrors (repeatable)")
-      ->allow_extra_args(false);
-}
 
 Devices pick_devices(const DeviceFlags& f, bool pin_cpu_threads) {
   BackendOptions options;
@@ -179,28 +145,7 @@ Dataset load_data(const DataFlags& f, std::ostream& out, const StopRequest* stop
   return load_dataset(choice.dir);
 }
 
-CLI::Validator unsigned_number() {
-  return CLI::Validator([](std::string& text) -> std::string {
-    const auto value = whole_number<std::uint64_t>(text);
-    if (!value) {
-      return "must be a whole number from 0 to " + std::to_string(std::numeric_limits<std::uint64_t>::max()) +
-             ", got " + (text.empty() ? "''" : text);
-    }
-    text = std::to_string(*value);  // as CLI11 reads it: "010" is 10
-    return "";
-  }, "");
-}
 
-CLI::Validator real_number(bool positive, bool narrowed_to_float) {
-  return CLI::Validator([positive, narrowed_to_float](std::string& text) -> std::string {
-    char* end = nullptr;
-    const long double value = std::strtold(text.c_str(), &end);  // as CLI11 reads it
-    if (text.empty() || end != text.c_str() + text.size() || std::isnan(value)) return "'" + text + "' is not a number";
-    if (value < 0 || (positive && value == 0)) return std::string("must be ") + (positive ? "> 0" : ">= 0") + ", got " + text;
-    if (std::isinf(value)) return "must be a finite number, got " + text;
-    return narrowed_to_float ? beyond<float>(value, text, "a float") : beyond<double>(value, text, "a double");
-  }, "");
-}
 
 std::uint32_t count_flag(std::int64_t value, std::int64_t min, const std::string& flag) {
   constexpr std::int64_t kMax = std::numeric_limits<std::uint32_t>::max();

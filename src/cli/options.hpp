@@ -2,7 +2,6 @@
 // What every subcommand shares: the device flags, the data flags, and the checks that
 // turn a flag's value into a config value (an error names the flag), and the naming of
 // the library's errors about values by their flags.
-#include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
@@ -21,6 +20,10 @@
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/processes.hpp"
+
+namespace CLI {
+class App;
+}
 
 namespace mnist_mt {
 class StopRequest;
@@ -44,6 +47,7 @@ struct DataFlags {
   std::vector<std::string> mirrors;
 };
 
+// The flags as CLI11 options (flags.cpp, as are every command's).
 void add_device_flags(CLI::App& app, DeviceFlags& f);
 void add_data_flags(CLI::App& app, DataFlags& f);
 
@@ -82,17 +86,6 @@ std::optional<T> whole_number(std::string_view text) {
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
 }
-
-// Checks of a number flag's value as typed, run by CLI11 before its own conversion
-// (which reads "010" as octal, wraps "-1" into an unsigned, and turns a value past
-// what the type holds into the largest or infinity); an error, "FLAG: problem", quotes
-// the value as given.
-// A whole decimal number from 0 to 2^64 - 1; it rewrites the value for CLI11 ("010"
-// to "10"), so it is added with ->transform.
-CLI::Validator unsigned_number();
-// A finite number >= 0 (`positive`: > 0) that a double holds, or a float when the
-// value is narrowed to one; a nonzero value that would become 0 is refused too.
-CLI::Validator real_number(bool positive, bool narrowed_to_float = false);
 
 // A count from min up to what 32 bits hold.
 std::uint32_t count_flag(std::int64_t value, std::int64_t min, const std::string& flag);

@@ -12,13 +12,6 @@
 
 namespace mnist_mt::cli {
 
-void add_predict_flags(CLI::App& app, PredictFlags& f) {
-  add_device_flags(app, f.device);
-  add_data_flags(app, f.data);
-  app.add_option("--load", f.load, "The checkpoint whose weights predict")->required();
-  app.add_option("--index", f.indices, "Also predict test image N of the data set (repeatable)")->allow_extra_args(false);
-  app.add_option("images", f.images, "PNG or binary PGM images: 28x28 grey, else converted and resized");
-}
 
 int run_predict(const PredictFlags& f) {
   if (f.images.empty() && f.indices.empty()) throw InputError("predict: give IMAGE files or --index N");
