@@ -29,14 +29,6 @@ std::unique_ptr<Plan> build_plan(const dnnl::engine& engine, std::uint32_t batch
   return plan;
 }
 
-void run(const Step& step, const dnnl::stream& stream) {
-  const dnnl_status_t status = dnnl_primitive_execute(step.primitive.get(), stream.get(),
-                                                      static_cast<int>(step.args.size()), step.args.data());
-  if (status != dnnl_success)
-    throw RuntimeFailure(std::string("oneDNN: ") + (step.op < kOpCount ? kOpNames[step.op] : "primitive") +
-                         " failed with status " + std::to_string(status));
-}
-
 void run(const std::vector<Step>& steps, const dnnl::stream& stream) {
   for (const Step& s : steps) run(s, stream);
 }
