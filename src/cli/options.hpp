@@ -47,7 +47,7 @@ struct DataFlags {
   std::vector<std::string> mirrors;
 };
 
-// The flags as CLI11 options (flags.cpp, as are every command's).
+// The flags as CLI11 options; these and every command's are declared in flags.cpp.
 void add_device_flags(CLI::App& app, DeviceFlags& f);
 void add_data_flags(CLI::App& app, DataFlags& f);
 
