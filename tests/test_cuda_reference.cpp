@@ -203,17 +203,17 @@ TEST_F(CudaReference, BiasGradMatchesCpuConv1) {
 // once; the difference stays below 1e-5 of max(1, |value|) (a few ulp of log_sum).
 TEST_F(CudaReference, LogSoftmaxNllMatchesTheCpu) {
   constexpr std::uint32_t kBatch = 64;
-  const std::vector<float> z = grid_values(kBatch * cuda::kClasses, 12), bias = grid_values(cuda::kClasses, 13);
+  const std::vector<float> z = grid_values(kBatch * cuda::kLogits, 12), bias = grid_values(cuda::kLogits, 13);
   std::vector<std::uint8_t> labels(kBatch);
   std::mt19937 rng(14);
   for (std::uint32_t r = 0; r < kBatch; ++r) {  // a quarter labelled with their first maximum
-    const float* row = z.data() + r * cuda::kClasses;
-    std::vector<float> logit(row, row + cuda::kClasses);
-    for (int k = 0; k < cuda::kClasses; ++k) logit[k] += bias[k];
-    labels[r] = r % 4 ? rng() % cuda::kClasses : std::max_element(logit.begin(), logit.end()) - logit.begin();
+    const float* row = z.data() + r * cuda::kLogits;
+    std::vector<float> logit(row, row + cuda::kLogits);
+    for (int k = 0; k < cuda::kLogits; ++k) logit[k] += bias[k];
+    labels[r] = r % 4 ? rng() % cuda::kLogits : std::max_element(logit.begin(), logit.end()) - logit.begin();
   }
   std::vector<float> logits(z.size()), cpu_lp(z.size()), cpu_dl(z.size()), lp(z.size()), dl(z.size());
-  for (std::size_t i = 0; i < z.size(); ++i) logits[i] = z[i] + bias[i % cuda::kClasses];
+  for (std::size_t i = 0; i < z.size(); ++i) logits[i] = z[i] + bias[i % cuda::kLogits];
   cpu::LossSums sums;
   cpu::log_softmax_nll(logits.data(), labels.data(), kBatch, 128.0f, cpu_lp.data(), cpu_dl.data(), sums);
   double loss = 0, correct = 0, loss_tolerance = 0;
@@ -236,13 +236,13 @@ TEST_F(CudaReference, LogSoftmaxNllMatchesTheCpu) {
 
 // A NaN logit: both sides give NaN for that row and keep the first finite maximum.
 TEST_F(CudaReference, LogSoftmaxNllPassesNaN) {
-  const float z[cuda::kClasses] = {0.5f, 2.0f, kNaN, 2.0f, -1, 0, 0, 0, 0, 0}, bias[cuda::kClasses] = {};
+  const float z[cuda::kLogits] = {0.5f, 2.0f, kNaN, 2.0f, -1, 0, 0, 0, 0, 0}, bias[cuda::kLogits] = {};
   const std::uint8_t label = 1;
-  float cpu_lp[cuda::kClasses], cpu_dl[cuda::kClasses], lp[cuda::kClasses], dl[cuda::kClasses];
+  float cpu_lp[cuda::kLogits], cpu_dl[cuda::kLogits], lp[cuda::kLogits], dl[cuda::kLogits];
   cpu::LossSums sums;
   cpu::log_softmax_nll(z, &label, 1, 1.0f, cpu_lp, cpu_dl, sums);
   const cuda::RowLoss row = cuda::log_softmax_nll_at(z, bias, &label, 0, 1.0f, lp, dl);
-  for (int k = 0; k < cuda::kClasses; ++k) {
+  for (int k = 0; k < cuda::kLogits; ++k) {
     EXPECT_TRUE(std::isnan(lp[k]) && std::isnan(cpu_lp[k])) << k;
     EXPECT_TRUE(std::isnan(dl[k]) && std::isnan(cpu_dl[k])) << k;
   }

@@ -8,11 +8,13 @@
 #include <cstdint>
 
 #include "kernels.hpp"
+#include "mnist_mt/model.hpp"
 #include "mnist_mt/philox.hpp"
 
 namespace mnist_mt::cuda {
 
-inline constexpr int kClasses = 10;
+// model.hpp's kClasses, as the int the kernels index with.
+inline constexpr int kLogits = static_cast<int>(kClasses);
 
 using mnist_mt::add_rn;  // host_device.hpp: rounded apart, never fused
 using mnist_mt::mul_rn;
@@ -93,25 +95,25 @@ struct RowLoss {
   bool correct;  // the first maximal logit is the label's
 };
 
-// Row r of log_softmax_nll: logprobs and dlogits of its kClasses logits z + bias.
+// Row r of log_softmax_nll: logprobs and dlogits of its kLogits logits z + bias.
 MNIST_MT_HD RowLoss log_softmax_nll_at(const float* z, const float* bias, const std::uint8_t* labels,
                                        std::uint32_t r, float denominator, float* logprobs, float* dlogits) {
-  float logit[kClasses];
+  float logit[kLogits];
   int best = 0;
-  for (int k = 0; k < kClasses; ++k) {
-    logit[k] = z[r * kClasses + k] + bias[k];
+  for (int k = 0; k < kLogits; ++k) {
+    logit[k] = z[r * kLogits + k] + bias[k];
     if (logit[k] > logit[best]) best = k;
   }
   const float max = logit[best];
   float sum = 0.0f;
-  for (int k = 0; k < kClasses; ++k) sum += expf(logit[k] - max);
+  for (int k = 0; k < kLogits; ++k) sum += expf(logit[k] - max);
   const float log_sum = logf(sum);
   const int label = labels[r];
   RowLoss row{0.0f, best == label};
-  for (int k = 0; k < kClasses; ++k) {
+  for (int k = 0; k < kLogits; ++k) {
     const float lp = (logit[k] - max) - log_sum;
-    logprobs[r * kClasses + k] = lp;
-    dlogits[r * kClasses + k] = (expf(lp) - (k == label ? 1.0f : 0.0f)) / denominator;
+    logprobs[r * kLogits + k] = lp;
+    dlogits[r * kLogits + k] = (expf(lp) - (k == label ? 1.0f : 0.0f)) / denominator;
     if (k == label) row.nll = -lp;
   }
   return row;
