@@ -20,7 +20,7 @@
 
 #include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"
-#include "train/saver.hpp"
+#include "mnist_mt/numbered_checkpoints.hpp"
 #include "train_fixture.hpp"
 
 namespace mnist_mt {

@@ -6,10 +6,10 @@
 #include <iostream>
 #include <system_error>
 
-#include "fetch/catalog.hpp"
+#include "mnist_mt/catalog.hpp"
 #include "mnist_mt/file_io.hpp"
 #include "mnist_mt/error.hpp"
-#include "train/saver.hpp"
+#include "mnist_mt/numbered_checkpoints.hpp"
 
 namespace mnist_mt::cli {
 namespace {

@@ -1,12 +1,10 @@
 #pragma once
 // Rank 0's checkpoint writer: refuses a non-finite model (the last good checkpoint must
 // survive a diverged run) and keeps the last N checkpoints, removing the oldest only
-// once the new one is complete.
+// once the new one is complete. Their names: mnist_mt/numbered_checkpoints.hpp.
 #include <cstdint>
 #include <deque>
 #include <filesystem>
-#include <string_view>
-#include <vector>
 
 #include "mnist_mt/checkpoint.hpp"
 
@@ -26,13 +24,6 @@ class Saver {
   std::uint32_t keep_;
   std::deque<std::filesystem::path> kept_;  // this run's numbered files, oldest first
 };
-
-// "<stem>.step-<STEP><ext>" beside `path`.
-std::filesystem::path numbered_checkpoint(const std::filesystem::path& path, std::uint64_t step);
-// Whether the file name `name` is one of `path`'s numbered checkpoints.
-bool is_numbered_checkpoint(const std::filesystem::path& path, std::string_view name);
-// Those present beside `path`'s final target (symbolic links followed).
-std::vector<std::filesystem::path> numbered_checkpoints(const std::filesystem::path& path);
 
 // Refuses (InputError naming `what` and the path, tagged `input`) an output path that
 // the rule of every output refuses (check_output, mnist_mt/file_io.hpp): checked before
