@@ -38,6 +38,16 @@ struct StepStats {
   std::optional<NonFiniteStep> non_finite;  // the first of them
 };
 
+// Sums; the first non-finite step is kept.
+inline StepStats& operator+=(StepStats& a, const StepStats& b) {
+  a.loss_sum += b.loss_sum;
+  a.correct += b.correct;
+  a.samples += b.samples;
+  a.skipped += b.skipped;
+  if (!a.non_finite) a.non_finite = b.non_finite;
+  return a;
+}
+
 // What guarded_update() checks before it updates. The same for every update of a run:
 // a recorded step (Device::begin_record) replays it as it was.
 struct UpdateGuard {

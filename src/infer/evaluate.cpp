@@ -3,11 +3,10 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
-#include <thread>
 
-#include "train/evaluate_shard.hpp"
 #include "mnist_mt/error.hpp"
-#include "train/run.hpp"
+#include "mnist_mt/evaluate_shard.hpp"
+#include "mnist_mt/test_pass.hpp"
 
 namespace mnist_mt {
 namespace {
@@ -27,27 +26,6 @@ struct Totals {
   ConfusionMatrix confusion{};
 };
 
-// One rank: its replica, the checkpoint's weights, its shard of the test set.
-void evaluate_rank(Run& run, int rank, Totals& totals) noexcept {
-  Device& device = run.device(rank);
-  try {
-    device.activate();
-    const auto replica = run.backend().make_replica(device, run.config().batch);
-    replica->write_params(run.start().params);
-    ConfusionMatrix confusion{};
-    const DropoutKey key{run.start().seed, run.start().epoch};
-    const auto lease = run.loaders().acquire(run.start().epoch, false);
-    const StepStats stats = evaluate_shard(*replica, lease.loader(), rank, key, &confusion);
-    std::lock_guard lock(totals.mutex);
-    totals.stats += stats;
-    for (std::size_t i = 0; i < kClasses; ++i)
-      for (std::size_t j = 0; j < kClasses; ++j) totals.confusion[i][j] += confusion[i][j];
-  } catch (...) {
-    run.fail(rank, run.start().step, std::current_exception());
-  }
-  drain(device);
-}
-
 }  // namespace
 
 std::array<double, kClasses> EvalResult::class_accuracy() const {
@@ -62,18 +40,16 @@ std::array<double, kClasses> EvalResult::class_accuracy() const {
 }
 
 EvalResult evaluate(Backend& backend, const Dataset& data, const EvalConfig& config) {
-  const TrainConfig train = train_config(config);
-  Run run(backend, data, train);
   Totals totals;
-  {
-    std::vector<std::jthread> workers;
-    try {
-      for (int r = 0; r < run.ranks(); ++r) workers.emplace_back([&run, &totals, r] { evaluate_rank(run, r, totals); });
-    } catch (...) {  // a thread that could not start: release those that did
-      run.fail(static_cast<int>(workers.size()), run.start().step, std::current_exception());
-    }
-  }
-  run.rethrow_failure();
+  for_each_test_shard(backend, data, train_config(config),
+                      [&totals](int rank, Replica& replica, Loader& loader, const DropoutKey& key) {
+                        ConfusionMatrix confusion{};
+                        const StepStats stats = evaluate_shard(replica, loader, rank, key, &confusion);
+                        std::lock_guard lock(totals.mutex);
+                        totals.stats += stats;
+                        for (std::size_t i = 0; i < kClasses; ++i)
+                          for (std::size_t j = 0; j < kClasses; ++j) totals.confusion[i][j] += confusion[i][j];
+                      });
   EvalResult result;
   result.samples = static_cast<std::uint64_t>(totals.stats.samples);
   result.loss = totals.stats.loss_sum / totals.stats.samples;

@@ -166,16 +166,6 @@ class Run {
   std::unique_ptr<Watchdog> watchdog_;  // last: its thread may call fail()
 };
 
-// Sums; the first non-finite step is kept.
-inline StepStats& operator+=(StepStats& a, const StepStats& b) {
-  a.loss_sum += b.loss_sum;
-  a.correct += b.correct;
-  a.samples += b.samples;
-  a.skipped += b.skipped;
-  if (!a.non_finite) a.non_finite = b.non_finite;
-  return a;
-}
-
 // The epoch's losses, test accuracy and training rate from stats summed over every
 // rank (NaN test figures when nothing was evaluated).
 void set_results(EpochMetrics& m, const StepStats& train, const StepStats& test);
