@@ -9,7 +9,7 @@
 
 #include "fuzz_file.hpp"
 #include "mnist_mt/error.hpp"
-#include "mnist_mt/idx.hpp"
+#include "data/idx.hpp"
 
 namespace {
 

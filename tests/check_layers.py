@@ -3,7 +3,10 @@
 of docs/architecture.md ("Layers") point one way. A private header ("cpu/plan.hpp")
 belongs to its folder; a public one ("mnist_mt/loader.hpp") to the folder named in OWNER
 below, and a public header missing there fails too, so that the table stays whole. Also
-fails for a source file of src/ or include/ longer than MAX_LINES."""
+fails for a source file of src/ or include/ longer than MAX_LINES, and where a header is
+in the wrong place: a folder's header that another folder of src/ includes belongs in
+include/mnist_mt, and a public header that only its own layer includes (tests, fuzz
+targets and benchmarks aside, which may include any header) belongs beside its sources."""
 import pathlib
 import re
 import sys
@@ -27,14 +30,16 @@ MAY_USE = {
 OWNER = {
     "error.hpp": "base", "file_io.hpp": "base", "philox.hpp": "base", "host_device.hpp": "base",
     "version.hpp": "base",
-    "dataset.hpp": "data", "idx.hpp": "data", "sampler.hpp": "data", "loader.hpp": "data",
-    "data_source.hpp": "fetch", "download.hpp": "fetch",
+    "dataset.hpp": "data", "sampler.hpp": "data", "loader.hpp": "data", "gunzip.hpp": "data",
+    "data_source.hpp": "fetch", "download.hpp": "fetch", "catalog.hpp": "fetch",
     "image.hpp": "image",
-    "processes.hpp": "mpi",
+    "processes.hpp": "mpi", "local_devices.hpp": "mpi",
+    "local_group.hpp": "comm",
     "model.hpp": "model", "batch.hpp": "model", "checkpoint.hpp": "model", "optimizer.hpp": "model",
     "schedule.hpp": "model", "replica.hpp": "model", "device.hpp": "model", "communicator.hpp": "model",
     "backend.hpp": "model",
-    "trainer.hpp": "train", "faults.hpp": "train",
+    "trainer.hpp": "train", "faults.hpp": "train", "evaluate_shard.hpp": "train",
+    "numbered_checkpoints.hpp": "train", "test_pass.hpp": "train",
     "evaluate.hpp": "infer", "predict.hpp": "infer",
 }
 MAX_LINES = 400
@@ -55,6 +60,7 @@ def layer_of(folder, header):
 
 files = [p for p in sorted((root / "src").rglob("*")) if p.suffix in {".cpp", ".hpp", ".cu", ".cuh"}]
 files += [p for p in sorted((root / "include" / "mnist_mt").glob("*.hpp"))]
+used_elsewhere = set()  # public headers that a file of another layer, or a public header, includes
 for path in files:
     rel = path.relative_to(root)
     if (lines := len(path.read_text().splitlines())) > MAX_LINES:
@@ -67,11 +73,19 @@ for path in files:
         m = INCLUDE.match(line)
         if not m or m.group(1) is None:
             continue
+        if m.group(1) == "mnist_mt" and (rel.parts[0] == "include" or OWNER.get(m.group(2)) != folder):
+            used_elsewhere.add(m.group(2))
+        if m.group(1) != "mnist_mt" and m.group(1) != folder and m.group(1) in MAY_USE:
+            wrong.append(f"{rel}:{number}: includes {m.group(1)}'s private header {m.group(2)}: "
+                         f"a header that another folder uses belongs in include/mnist_mt")
         to = layer_of(m.group(1), m.group(2))
         if to is None or to == folder or to not in MAY_USE:
             continue
         if to not in MAY_USE[folder]:
             wrong.append(f"{rel}:{number}: {folder} includes a header of {to} ({line.strip()})")
+wrong += [f"include/mnist_mt/{name}: only {OWNER[name]} includes it: a private header, beside its sources in src/{OWNER[name]}"
+          for name in public if name in OWNER and name not in used_elsewhere]
 print("\n".join(wrong) if wrong else
-      f"layers: every include in src/ and include/ points to a layer it may use; no file over {MAX_LINES} lines")
+      f"layers: every include in src/ and include/ points to a layer it may use; headers other layers use are "
+      f"public, those only their own uses are private; no file over {MAX_LINES} lines")
 sys.exit(1 if wrong else 0)

@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/local_group.hpp"
+#include "mnist_mt/local_group.hpp"
 #include "cpu/communicator.hpp"
 #include "cpu/device.hpp"
 #include "mnist_mt/backend.hpp"

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "fetch/catalog.hpp"
+#include "mnist_mt/catalog.hpp"
 #include "fetch/download_internal.hpp"
 #include "mnist_mt/file_io.hpp"
 #include "fetch/md5.hpp"

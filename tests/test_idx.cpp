@@ -20,7 +20,7 @@
 #include "mnist_mt/data_source.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
-#include "mnist_mt/idx.hpp"
+#include "data/idx.hpp"
 
 #include "alloc_hook.hpp"
 

@@ -1,4 +1,4 @@
-// The local group (src/comm/local_group.hpp) on CPU devices, the code that serves ranks
+// The local group (mnist_mt/local_group.hpp) on CPU devices, the code that serves ranks
 // sharing a GPU: every collective gives the CPU communicator's bits, from a thread per
 // rank and from one thread in a bracket; an abort releases every rank within a second; a
 // mismatched call fails every rank; many rounds under ThreadSanitizer never hang. And the
@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/local_group.hpp"
+#include "mnist_mt/local_group.hpp"
 #include "communicator_fixture.hpp"
 #include "cpu/communicator.hpp"
 #include "cpu/device.hpp"

@@ -22,7 +22,7 @@
 #include "cpu/device.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/processes.hpp"
-#include "mpi/local_devices.hpp"
+#include "mnist_mt/local_devices.hpp"
 
 namespace mnist_mt::cpu {
 namespace {
@@ -234,7 +234,7 @@ TEST(Processes, AnAbortReleasesARankWaitingForAnotherProcess) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
 }
 
-// The local-rank rule (src/mpi/local_devices.hpp): the processes of a host split their
+// The local-rank rule (mnist_mt/local_devices.hpp): the processes of a host split their
 // --gpus list in process order; processes of a host never share a GPU.
 using Lists = std::vector<std::vector<int>>;
 

@@ -72,7 +72,7 @@ class Device {
   static constexpr std::size_t kMarks = 1024;
 
   // Events and the few operations a collective needs on the device (docs/architecture.md decision
-  // 3; src/comm/local_group.hpp): a rank meets its peers on the host, and the devices
+  // 3; mnist_mt/local_group.hpp): a rank meets its peers on the host, and the devices
   // order the work by events already recorded, so no stream ever waits on the host.
   // Every call enqueues on `lane` and returns at once.
   virtual std::unique_ptr<DeviceEvent> make_event() = 0;

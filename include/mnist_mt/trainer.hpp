@@ -73,7 +73,7 @@ class StopRequest {
 struct TrainConfig {
   Mode mode = Mode::kDdp;
   // Device ids; rank i drives devices[i]. An id may repeat: ranks that share a device
-  // meet in the local group (src/comm/local_group.hpp) instead of the backend's
+  // meet in the local group (mnist_mt/local_group.hpp) instead of the backend's
   // collectives, on every backend, in one process (it runs the multi-rank GPU code on a
   // one-GPU host; the CLI refuses it).
   std::vector<int> devices;

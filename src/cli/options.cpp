@@ -15,7 +15,7 @@
 #include "mnist_mt/download.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/trainer.hpp"
-#include "mpi/local_devices.hpp"
+#include "mnist_mt/local_devices.hpp"
 
 namespace mnist_mt::cli {
 namespace {

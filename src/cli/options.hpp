@@ -59,7 +59,7 @@ struct Devices {
 // the process may use. `pin_cpu_threads`: BackendOptions' (train's, unless --no-pin).
 Devices pick_devices(const DeviceFlags& f, bool pin_cpu_threads = false);
 // Under a launcher: the processes that share a host split their GPU lists by local rank
-// (src/mpi/local_devices.hpp), every process's list exchanged within `timeout_s`; CPU
+// (mnist_mt/local_devices.hpp), every process's list exchanged within `timeout_s`; CPU
 // devices stay as they are. Every process calls it; its errors name --gpus.
 void take_host_share(Devices& d, const DeviceFlags& f, Processes& processes, double timeout_s);
 

@@ -1,4 +1,4 @@
-#include "local_group.hpp"
+#include "mnist_mt/local_group.hpp"
 
 #include <algorithm>
 #include <condition_variable>

@@ -1,5 +1,5 @@
 // CudaDevice's events and collective operations: what the local group
-// (src/comm/local_group.hpp) enqueues for ranks that share a GPU.
+// (mnist_mt/local_group.hpp) enqueues for ranks that share a GPU.
 #include <string>
 #include <type_traits>
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "mnist_mt/error.hpp"
-#include "mnist_mt/idx.hpp"
+#include "idx.hpp"
 
 namespace mnist_mt {
 namespace {

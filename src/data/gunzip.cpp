@@ -1,4 +1,4 @@
-#include "gunzip.hpp"
+#include "mnist_mt/gunzip.hpp"
 
 #include <algorithm>
 #include <limits>

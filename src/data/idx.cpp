@@ -1,4 +1,4 @@
-#include "mnist_mt/idx.hpp"
+#include "idx.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "gunzip.hpp"
+#include "mnist_mt/gunzip.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 

@@ -1,6 +1,6 @@
-#include "catalog.hpp"
+#include "mnist_mt/catalog.hpp"
 
-#include "data/gunzip.hpp"
+#include "mnist_mt/gunzip.hpp"
 #include "md5.hpp"
 
 namespace mnist_mt {

@@ -6,9 +6,9 @@
 #include <cstdlib>
 #include <vector>
 
-#include "catalog.hpp"
+#include "mnist_mt/catalog.hpp"
 #include "mnist_mt/file_io.hpp"
-#include "data/gunzip.hpp"
+#include "mnist_mt/gunzip.hpp"
 #include "md5.hpp"
 #include "mnist_mt/error.hpp"
 

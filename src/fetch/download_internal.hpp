@@ -6,7 +6,7 @@
 #include <functional>
 #include <ostream>
 
-#include "catalog.hpp"
+#include "mnist_mt/catalog.hpp"
 
 namespace mnist_mt {
 

@@ -1,6 +1,6 @@
 // The exchange behind the local-rank rule (local_devices.hpp): every process's list,
 // padded to the longest, so that each process judges every share alike.
-#include "mpi/local_devices.hpp"
+#include "mnist_mt/local_devices.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "buckets.hpp"
-#include "evaluate_shard.hpp"
+#include "mnist_mt/evaluate_shard.hpp"
 #include "metrics.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/local_group.hpp"
+#include "mnist_mt/local_group.hpp"
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"

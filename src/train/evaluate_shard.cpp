@@ -1,4 +1,4 @@
-#include "evaluate_shard.hpp"
+#include "mnist_mt/evaluate_shard.hpp"
 
 #include <algorithm>
 #include <vector>

@@ -11,7 +11,7 @@
 #include <span>
 #include <string>
 
-#include "comm/local_group.hpp"
+#include "mnist_mt/local_group.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/sampler.hpp"
