@@ -152,9 +152,7 @@ const LayerProfile& layer_profile(std::uint32_t batch) {
   if (it != profiles.end()) return it->second;
   cpu::CpuDevice device(0);
   auto replica = cpu::make_cpu_replica(device, batch);
-  std::vector<float> params(kParamCount);
-  init_parameters(1, params);
-  replica->write_params(params);
+  replica->write_params(initial_parameters(1));
   const Split split = synthetic_split(batch, 3);
   Batch input;
   input.size = batch;

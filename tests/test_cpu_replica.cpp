@@ -51,12 +51,6 @@ Batch random_batch(std::uint32_t size, std::uint32_t seed, std::uint32_t first_i
   return make_batch(images, labels, indices);
 }
 
-std::vector<float> initial_params(std::uint64_t seed) {
-  std::vector<float> p(kParamCount);
-  init_parameters(seed, p);
-  return p;
-}
-
 // Ours against `want` (float64 PyTorch, rounded to fp32): within 1e-5 relative, plus an
 // absolute floor of 1e-5 of the tensor's largest magnitude. The floor is for elements near
 // zero through cancellation: an fp32 sum of thousands of products (a conv weight's
@@ -294,7 +288,7 @@ std::vector<float> logprobs(Replica& replica, const Batch& batch, bool train, co
 // Dropout on: the replica's log-probabilities equal the reference's, whose masks come from
 // dropout_keep() and whose kept values are scaled by 1/(1-p); dropout off likewise.
 TEST_F(ReplicaTest, DropoutMatchesReference) {
-  const auto params = initial_params(21);
+  const auto params = initial_parameters(21);
   const Batch batch = make_batch(random_batch(3, 5).images, {1, 7, 3}, {5, 17, 40000});
   auto replica = make_cpu_replica(device_, 3);
   replica->write_params(params);
@@ -323,7 +317,7 @@ TEST_F(ReplicaTest, DropoutMatchesReference) {
 // channel; at h = 1e-5 one crossing already moved conv1.bias's difference by 1e-3). The
 // fp32 gradients agree within ~1e-6 relative.
 TEST_F(ReplicaTest, GradientsMatchFiniteDifferences) {
-  const auto params = initial_params(33);
+  const auto params = initial_parameters(33);
   const Batch batch = random_batch(2, 9, 100);
   const DropoutKey key{77, 2};
   auto replica = make_cpu_replica(device_, 2);
@@ -371,7 +365,7 @@ TEST_F(ReplicaTest, GradientsMatchFiniteDifferences) {
 // gradients: what lets the allreduce of fc2/fc1 overlap the conv backward.
 TEST_F(ReplicaTest, GradsReadyInOrderAndVisibleToTheCommStream) {
   auto replica = make_cpu_replica(device_, 4);
-  replica->write_params(initial_params(3));
+  replica->write_params(initial_parameters(3));
   const DropoutKey key{1, 0};
   std::vector<float> before(kParamCount), after(kParamCount);
   replica->set_input(random_batch(4, 1));
@@ -406,7 +400,7 @@ TEST_F(ReplicaTest, GradsReadyInOrderAndVisibleToTheCommStream) {
 // while the compute stream is still held up by earlier work.
 TEST_F(ReplicaTest, StepCallsReturnWithoutWaitingForTheDevice) {
   auto replica = make_cpu_replica(device_, 2);
-  replica->write_params(initial_params(9));
+  replica->write_params(initial_parameters(9));
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   std::atomic<bool> released_flag{false};
@@ -430,7 +424,7 @@ TEST_F(ReplicaTest, StepCallsReturnWithoutWaitingForTheDevice) {
 
 // Gradients are overwritten by each backward, never accumulated.
 TEST_F(ReplicaTest, BackwardOverwritesGradients) {
-  const auto params = initial_params(4);
+  const auto params = initial_parameters(4);
   const DropoutKey key{2, 1};
   auto grads_after = [&](const std::vector<Batch>& batches) {
     auto replica = make_cpu_replica(device_, 4);
@@ -451,7 +445,7 @@ TEST_F(ReplicaTest, BackwardOverwritesGradients) {
 // outputs do not depend on the batch it came in, dropout included (docs/architecture.md decision 9).
 TEST_F(ReplicaTest, SmallerBatchesGiveTheSameSamples) {
   auto replica = make_cpu_replica(device_, 6);
-  replica->write_params(initial_params(5));
+  replica->write_params(initial_parameters(5));
   const Batch all = random_batch(6, 3, 1000);
   const DropoutKey key{9, 3};
   const auto full = logprobs(*replica, all, true, key);
@@ -482,14 +476,14 @@ TEST_F(ReplicaTest, ASplitForwardAndAScatteredInputTrainWhatForwardDoes) {
     return g;
   };
   auto whole = make_cpu_replica(device_, 6);
-  whole->write_params(initial_params(8));
+  whole->write_params(initial_parameters(8));
   whole->set_input(all);
   whole->forward(true, key, 6);
   whole->backward([](int) {});
   const StepStats whole_stats = whole->take_stats();
 
   auto split = make_cpu_replica(device_, 6);
-  split->write_params(initial_params(8));
+  split->write_params(initial_parameters(8));
   split->set_input(all);
   split->forward_logits(true, key);
   split->loss(0, 4, 6);
@@ -504,7 +498,7 @@ TEST_F(ReplicaTest, ASplitForwardAndAScatteredInputTrainWhatForwardDoes) {
 
   // Rows 4 and 5, as a scatter would leave them on another device.
   auto chunk = make_cpu_replica(device_, 2);
-  chunk->write_params(initial_params(8));
+  chunk->write_params(initial_parameters(8));
   device_.synchronize();
   std::copy_n(split->input() + 4 * kImageBytes, 2 * kImageBytes, chunk->input());
   chunk->set_scattered_input(std::span<const std::uint32_t>(all.indices.data() + 4, 2));
@@ -522,7 +516,7 @@ TEST_F(ReplicaTest, ASplitForwardAndAScatteredInputTrainWhatForwardDoes) {
   Batch head = all;
   head.size = 4;
   auto four = make_cpu_replica(device_, 4);
-  four->write_params(initial_params(8));
+  four->write_params(initial_parameters(8));
   four->set_input(head);
   four->forward_logits(true, key);
   device_.synchronize();
@@ -533,7 +527,7 @@ TEST_F(ReplicaTest, ASplitForwardAndAScatteredInputTrainWhatForwardDoes) {
 // take_stats sums NLL, correct argmaxes and samples over the forwards since the last call.
 TEST_F(ReplicaTest, StatsSumOverForwards) {
   auto replica = make_cpu_replica(device_, 5);
-  replica->write_params(initial_params(6));
+  replica->write_params(initial_parameters(6));
   double loss = 0, correct = 0;
   for (std::uint32_t seed : {1u, 2u}) {
     const Batch b = random_batch(5, seed);
@@ -558,7 +552,7 @@ TEST_F(ReplicaTest, StatsSumOverForwards) {
 // update is recorded as the guard's first step plus the replica's guarded updates before it.
 TEST_F(ReplicaTest, AGuardedUpdateIsDroppedOnTheDeviceWhenNonFinite) {
   constexpr std::uint64_t kFirst = 40;
-  const auto params = initial_params(12);
+  const auto params = initial_parameters(12);
   const OptimizerOptions sgd{0.01f, 0.9f, 0.0f};
   const DropoutKey key{4, 0};
   auto replica = [&] {
@@ -632,7 +626,7 @@ TEST_F(ReplicaTest, AGuardedUpdateIsDroppedOnTheDeviceWhenNonFinite) {
 // one before.
 TEST_F(ReplicaTest, StatsSnapshotsAreTakenWithoutWaitingAndReadOnceMade) {
   auto replica = make_cpu_replica(device_, 2);
-  replica->write_params(initial_params(13));
+  replica->write_params(initial_parameters(13));
   replica->set_input(random_batch(2, 1));
   replica->forward(false, {}, 2);
   std::atomic<bool> release{false};
@@ -656,7 +650,7 @@ TEST_F(ReplicaTest, StatsSnapshotsAreTakenWithoutWaitingAndReadOnceMade) {
 // set_input copies the batch: the caller may refill its buffers at once.
 TEST_F(ReplicaTest, SetInputCopiesTheBatch) {
   auto replica = make_cpu_replica(device_, 3);
-  replica->write_params(initial_params(7));
+  replica->write_params(initial_parameters(7));
   const Batch b = random_batch(3, 11);
   const auto want = logprobs(*replica, b, true, {5, 5});
   Batch reused = b;
@@ -673,7 +667,7 @@ TEST_F(ReplicaTest, SetInputCopiesTheBatch) {
 // A loaded momentum buffer is continued (buf = m*buf + g), not restarted (buf = g).
 TEST_F(ReplicaTest, SgdContinuesWrittenMomentum) {
   auto replica = make_cpu_replica(device_, 2);
-  const auto params = initial_params(8);
+  const auto params = initial_parameters(8);
   replica->write_params(params);
   std::vector<float> zeros(kParamCount), m0(kParamCount);
   const OptimizerState fresh = replica->read_state();

@@ -59,12 +59,6 @@ Batch make_batch(std::uint32_t size, std::uint32_t seed) {
   return b;
 }
 
-std::vector<float> initial_params(std::uint64_t seed) {
-  std::vector<float> p(kParamCount);
-  init_parameters(seed, p);
-  return p;
-}
-
 // What a replica produced: the first forward/backward, then the state after kSteps steps.
 struct Trace {
   std::vector<float> logprobs;
@@ -235,7 +229,7 @@ std::vector<float> minus(const std::vector<float>& a, const std::vector<float>& 
 
 void expect_cuda_matches_cpu(std::uint32_t max_batch, std::uint32_t size, std::uint32_t seed, bool train,
                              const BackendOptions& options) {
-  const std::vector<float> params = initial_params(seed);
+  const std::vector<float> params = initial_parameters(seed);
   const Case c = clear_case(max_batch, size, seed, train, params);
   if (c.batch.size == 0) return;
   auto cuda = make_cuda_backend(options);
@@ -287,7 +281,7 @@ TEST(CudaReplica, DeterministicAlgorithmsRepeatBitForBit) {
   options.deterministic = true;
   auto cuda = make_cuda_backend(options);
   const Batch batch = make_batch(64, 5);
-  const std::vector<float> params = initial_params(5);
+  const std::vector<float> params = initial_parameters(5);
   const Trace a = train_steps(*cuda, 64, batch, true, params);
   const Trace b = train_steps(*cuda, 64, batch, true, params);
   EXPECT_EQ(0, std::memcmp(a.grads.data(), b.grads.data(), kParamCount * sizeof(float)));
@@ -298,7 +292,7 @@ TEST(CudaReplica, DeterministicAlgorithmsRepeatBitForBit) {
 TEST(CudaReplica, DropoutChangesTheForwardPass) {
   auto cuda = make_cuda_backend({});
   const Batch batch = make_batch(16, 6);
-  const std::vector<float> params = initial_params(6);
+  const std::vector<float> params = initial_parameters(6);
   const Trace on = train_steps(*cuda, 16, batch, true, params);
   const Trace off = train_steps(*cuda, 16, batch, false, params);
   double diff = 0;
@@ -313,7 +307,7 @@ TEST(CudaReplica, BatchMayBeReusedOnceSetInputReturns) {
   auto devices = cuda->make_devices(ids);
   devices[0]->activate();
   auto replica = cuda->make_replica(*devices[0], 8);
-  replica->write_params(initial_params(8));
+  replica->write_params(initial_parameters(8));
   const Batch batch = make_batch(8, 8);
   std::vector<float> first(8 * kClasses), second(8 * kClasses);
 
@@ -336,7 +330,7 @@ TEST(CudaReplica, TakeStatsCountsAndResets) {
   auto devices = cuda->make_devices(ids);
   devices[0]->activate();
   auto replica = cuda->make_replica(*devices[0], 16);
-  replica->write_params(initial_params(9));
+  replica->write_params(initial_parameters(9));
   for (std::uint32_t n : {16u, 7u}) {
     replica->set_input(make_batch(n, n));
     replica->forward(false, {}, n);
@@ -366,7 +360,7 @@ TEST(CudaReplica, AGuardedUpdateIsDecidedOnTheDevice) {
   auto devices = cuda->make_devices(ids);
   devices[0]->activate();
   const OptimizerOptions sgd{0.01f, 0.9f, 0.0f};
-  const std::vector<float> params = initial_params(10);
+  const std::vector<float> params = initial_parameters(10);
   auto plain = cuda->make_replica(*devices[0], 8);
   auto guarded = cuda->make_replica(*devices[0], 8);
   const auto step = [&](Replica& r, std::uint32_t seed) {

@@ -106,14 +106,8 @@ TEST(Dropout, MasksDependOnEveryPartOfTheKey) {
   for (std::size_t i = 0; i < others.size(); ++i) EXPECT_NEAR(disagreement(base, others[i]), 0.5, 0.03) << "key " << i;
 }
 
-std::vector<float> init(std::uint64_t seed) {
-  std::vector<float> params(kParamCount);
-  init_parameters(seed, params);
-  return params;
-}
-
 TEST(Init, MatchesIndependentImplementation) {
-  const auto params = init(std::stoull(golden().meta("init_seed")));
+  const auto params = initial_parameters(std::stoull(golden().meta("init_seed")));
   const std::size_t stride = std::stoul(golden().meta("sample_stride"));
   for (const ParamInfo& p : kParams) {
     const auto want = golden().get<float>("init." + std::string(p.name));
@@ -124,7 +118,7 @@ TEST(Init, MatchesIndependentImplementation) {
 
 // PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases alike.
 TEST(Init, FollowsPyTorchDefaultDistribution) {
-  const auto params = init(99);
+  const auto params = initial_parameters(99);
   const std::array<double, 4> fan_in{9, 288, 9216, 128};
   for (std::size_t i = 0; i < kParams.size(); ++i) {
     const ParamInfo& p = kParams[i];
@@ -152,8 +146,8 @@ TEST(Init, FollowsPyTorchDefaultDistribution) {
 }
 
 TEST(Init, SeedDeterminesParameters) {
-  EXPECT_EQ(init(5), init(5));
-  const auto a = init(5), b = init(6);
+  EXPECT_EQ(initial_parameters(5), initial_parameters(5));
+  const auto a = initial_parameters(5), b = initial_parameters(6);
   std::size_t same = 0;
   for (std::size_t i = 0; i < a.size(); ++i) same += a[i] == b[i];
   EXPECT_LT(same, a.size() / 1000);

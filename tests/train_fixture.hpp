@@ -56,11 +56,7 @@ inline TrainResult run(const TrainConfig& config) {
 }
 
 // The parameters a run of config_for starts from.
-inline std::vector<float> initial_params() {
-  std::vector<float> params(kParamCount);
-  init_parameters(kSeed, params);
-  return params;
-}
+inline std::vector<float> initial_params() { return initial_parameters(kSeed); }
 
 // The worst over the parameter tensors of |a - b| / |b| (Euclidean norms). Norms, not
 // elements: rounding differences may flip a max-pool choice between near-equal inputs,

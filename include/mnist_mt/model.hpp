@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 namespace mnist_mt {
 
@@ -68,5 +69,7 @@ inline constexpr float kInputStd = 0.3081f;
 // U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the same bound for biases), drawn from
 // Philox keyed by `seed`: the same values on every backend and world size.
 void init_parameters(std::uint64_t seed, std::span<float> params);
+// The same, in a new buffer of kParamCount floats.
+std::vector<float> initial_parameters(std::uint64_t seed);
 
 }  // namespace mnist_mt

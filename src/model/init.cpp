@@ -40,4 +40,10 @@ void init_parameters(std::uint64_t seed, std::span<float> params) {
   }
 }
 
+std::vector<float> initial_parameters(std::uint64_t seed) {
+  std::vector<float> params(kParamCount);
+  init_parameters(seed, params);
+  return params;
+}
+
 }  // namespace mnist_mt

@@ -85,8 +85,7 @@ void trace(const Options& o) {
   devices[0]->activate();
   auto replica = backend->make_replica(*devices[0], o.batch);
 
-  std::vector<float> params(kParamCount);
-  init_parameters(o.seed, params);
+  const std::vector<float> params = initial_parameters(o.seed);
   replica->write_params(params);
   save_params(o.out / "init.safetensors", params, o.seed);
 
