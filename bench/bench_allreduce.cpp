@@ -205,7 +205,10 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   if (processes) {
-    const Place place{processes, processes->index(), processes->count()};
+    Place place;
+    place.processes = processes;
+    place.first_rank = processes->index();
+    place.world = processes->count();
     std::unique_ptr<Backend> cpu = make_cpu_backend({});
     register_processes(*cpu, place);
     Silent silent;

@@ -100,7 +100,10 @@ class ThreadProcesses final : public Processes {
 struct World : float_buffers::Ranks {
   World(int processes, int ranks) : per(ranks), meeting(std::make_shared<Meeting>(processes)) {
     for (int p = 0; p < processes; ++p) {
-      Place place{std::make_shared<ThreadProcesses>(meeting, p), p * ranks, processes * ranks};
+      Place place;
+      place.processes = std::make_shared<ThreadProcesses>(meeting, p);
+      place.first_rank = p * ranks;
+      place.world = processes * ranks;
       std::vector<CpuDevice*> raw;
       for (int l = 0; l < ranks; ++l) {
         devices.push_back(std::make_unique<CpuDevice>(l));
@@ -144,7 +147,7 @@ TEST(Processes, RanksAreNumberedProcessMajor) {
 }
 
 TEST(Processes, AllreduceAddsEachProcesssSumInProcessOrderOnEveryRank) {
-  for (const auto [processes, per] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{2, 2}, std::pair{2, 3}}) {
+  for (const auto& [processes, per] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{2, 2}, std::pair{2, 3}}) {
     for (const std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{100'003}}) {
       for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
         SCOPED_TRACE(testing::Message() << processes << " x " << per << " count " << count << " op " << int(op));
@@ -152,8 +155,9 @@ TEST(Processes, AllreduceAddsEachProcesssSumInProcessOrderOnEveryRank) {
         auto buffers = random_buffers(w.size(), count, 11 + static_cast<unsigned>(count));
         const auto expected = hierarchical_sum(buffers, per, op == ReduceOp::kAverage);
         // The data tells this order from the plain rank order where they differ.
-        if (per > 1 && count >= 1000)
+        if (per > 1 && count >= 1000) {
           ASSERT_FALSE(bitwise_equal(expected, hierarchical_sum(buffers, w.size(), op == ReduceOp::kAverage)));
+        }
         for (int r = 0; r < w.size(); ++r)
           w.comms[static_cast<std::size_t>(r)]->allreduce(buffers[static_cast<std::size_t>(r)].data(), count, op);
         w.synchronize();
