@@ -90,7 +90,7 @@ class KernelTest : public ::testing::TestWithParam<Isa> {
 };
 
 // One suite per source file of src/cpu, each run on every instruction set: --gtest_filter
-// '*Pool.*' finds pool.cpp's tests here and pool.cu's in test_cuda_kernels.
+// '*Pool*' finds pool.cpp's tests here (PoolReference too) and pool.cu's in test_cuda_kernels.
 class Conv1 : public KernelTest {};
 class Pool : public KernelTest {};
 class Conv2Backward : public KernelTest {};

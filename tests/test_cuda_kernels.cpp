@@ -79,16 +79,18 @@ class CudaKernels : public ::testing::Test {
   DeviceBuffer<std::uint32_t> device_samples_;
 };
 
-// One suite per source file of src/cuda (input.cu, activation.cu, pool.cu, bias_grad.cu,
-// loss.cu, update.cu, conv.cpp, fc.cpp): --gtest_filter '*Pool.*' finds pool.cu's tests
-// here and pool.cpp's in test_cpu_kernels.
+// One suite per operation, named as its source file (input.cu, activation.cu, pool.cu,
+// bias_grad.cu, loss.cu, update.cu, fc.cpp) or, for conv.cpp's one class, as the layer it
+// runs (Conv1, Conv2, as the CPU's conv1.cpp and conv2*.cpp): --gtest_filter '*Pool*'
+// finds pool.cu's tests here and pool.cpp's in test_cpu_kernels.
 class Input : public CudaKernels {};
 class Activation : public CudaKernels {};
 class Pool : public CudaKernels {};
 class BiasGrad : public CudaKernels {};
 class Loss : public CudaKernels {};
 class Update : public CudaKernels {};
-class Conv : public CudaKernels {};
+class Conv1 : public CudaKernels {};
+class Conv2 : public CudaKernels {};
 class Fc : public CudaKernels {};
 
 // Every elementwise kernel is compared bit for bit, NaN included: the device rounds each
@@ -341,8 +343,8 @@ void expect_conv_matches_reference(cudaStream_t stream, const ConvShape& shape) 
   }
 }
 
-TEST_F(Conv, Conv1ForwardAndBackward) { expect_conv_matches_reference(stream(), kConvs[0]); }
-TEST_F(Conv, Conv2ForwardAndBackward) { expect_conv_matches_reference(stream(), kConvs[1]); }
+TEST_F(Conv1, ForwardAndBackward) { expect_conv_matches_reference(stream(), kConvs[0]); }
+TEST_F(Conv2, ForwardAndBackward) { expect_conv_matches_reference(stream(), kConvs[1]); }
 
 struct FcShape {
   int in;
