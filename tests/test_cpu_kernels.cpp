@@ -415,6 +415,7 @@ TEST_P(Activation, DropoutKeepsAsDropoutKeepAndScales) {
   for (auto [stream, elements, p] : {std::tuple{RandomStream::kDropout0, 9216u, kDropout1},
                                      std::tuple{RandomStream::kDropout1, 128u, kDropout2},
                                      std::tuple{RandomStream::kDropout0, 70u, 0.3f},
+                                     std::tuple{RandomStream::kDropout0, 100u, 0.9f},
                                      std::tuple{RandomStream::kDropout1, 70u, 0.3f}}) {
     const std::vector<float> x = uniform(samples.size() * elements, 0.5f, 2.0f, elements);
     std::vector<float> y = x;

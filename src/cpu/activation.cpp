@@ -2,6 +2,8 @@
 // backward of ReLU with dropout: vector bodies compiled once per instruction set (simd.hpp).
 #include "kernels.hpp"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -92,6 +94,87 @@ template <std::size_t>  // the vector width is GCC's to choose here
   }
 }
 
+// The AVX2 variant's own body: AVX2 has no 64-bit lane multiply, and GCC lowers the
+// vector code above (16 lanes of 64-bit products) to slow sequences there. Here each
+// 32x32->64 product is _mm256_mul_epu32 on the even lanes and on the odd lanes shifted
+// down; the high and low halves are blended back into place. Two groups of 8 counters
+// (64 elements) per block keep two independent chains of rounds in flight. The masks and
+// the rounding are those of dropout_body, bit for bit (test_cpu_kernels, every ISA).
+namespace avx2 {
+
+constexpr int kGroups = 2;
+constexpr std::uint32_t kBlock = 32 * kGroups;  // elements per block
+
+MNIST_MT_AVX2 [[gnu::always_inline]] inline void mul_hi_lo(__m256i a, __m256i m, __m256i& hi, __m256i& lo) {
+  const __m256i even = _mm256_mul_epu32(a, m);                          // lanes 0, 2, 4, 6
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);  // lanes 1, 3, 5, 7
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+}
+
+// x[0..31] times the factors of 8 counters' words c0..c3: element 4*lane + word takes
+// word `word` of counter `lane` (a 4x8 transpose).
+MNIST_MT_AVX2 [[gnu::always_inline]] inline void apply_factors(const __m256i (&c)[4], __m256i below, __m256i bits,
+                                                               float* x) {
+  __m256i f[4];
+  for (int w = 0; w < 4; ++w) f[w] = _mm256_and_si256(_mm256_cmpgt_epi32(_mm256_srli_epi32(c[w], 8), below), bits);
+  const __m256i t0 = _mm256_unpacklo_epi32(f[0], f[1]), t1 = _mm256_unpackhi_epi32(f[0], f[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(f[2], f[3]), t3 = _mm256_unpackhi_epi32(f[2], f[3]);
+  const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);  // counters 0|4, 1|5
+  const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);  // counters 2|6, 3|7
+  const __m256i out[4] = {_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u2, u3, 0x20),
+                          _mm256_permute2x128_si256(u0, u1, 0x31), _mm256_permute2x128_si256(u2, u3, 0x31)};
+  for (int j = 0; j < 4; ++j)
+    _mm256_storeu_ps(x + 8 * j, _mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), _mm256_castsi256_ps(out[j])));
+}
+
+MNIST_MT_AVX2 void dropout(const DropoutKey& key, const std::uint32_t* samples, std::uint32_t batch,
+                           RandomStream stream, std::uint32_t elements, float p, float* x) {
+  // (bits >> 8) >= threshold as a signed compare: both sides are below 2^24 + 1.
+  const __m256i below = _mm256_set1_epi32(static_cast<int>(keep_threshold(p)) - 1);
+  const __m256i bits = _mm256_set1_epi32(static_cast<int>(std::bit_cast<std::uint32_t>(1.0f / (1.0f - p))));
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u)), m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const auto k0_init = static_cast<std::uint32_t>(key.seed), k1_init = static_cast<std::uint32_t>(key.seed >> 32);
+  for (std::uint32_t n = 0; n < batch; ++n) {
+    float* row = x + std::size_t{n} * elements;
+    const __m256i sample = _mm256_set1_epi32(static_cast<int>(samples[n]));
+    const __m256i word2 = _mm256_set1_epi32(static_cast<int>(stream)), word3 = _mm256_set1_epi32(static_cast<int>(key.epoch));
+    for (std::uint32_t base = 0; base < elements; base += kBlock) {
+      // Counter {element/4, sample, stream, epoch}, as dropout_keep() in philox.hpp.
+      __m256i c[kGroups][4];
+      for (int g = 0; g < kGroups; ++g)
+        c[g][0] = _mm256_add_epi32(lane, _mm256_set1_epi32(static_cast<int>(base / 4 + 8 * g))), c[g][1] = sample,
+        c[g][2] = word2, c[g][3] = word3;
+      std::uint32_t k0 = k0_init, k1 = k1_init;
+      for (int round = 0; round < 10; ++round) {
+        const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0)), key1 = _mm256_set1_epi32(static_cast<int>(k1));
+        for (int g = 0; g < kGroups; ++g) {
+          __m256i hi0, lo0, hi1, lo1;
+          mul_hi_lo(c[g][0], m0, hi0, lo0);
+          mul_hi_lo(c[g][2], m1, hi1, lo1);
+          c[g][0] = _mm256_xor_si256(_mm256_xor_si256(hi1, c[g][1]), key0);
+          c[g][1] = lo1;
+          c[g][2] = _mm256_xor_si256(_mm256_xor_si256(hi0, c[g][3]), key1);
+          c[g][3] = lo0;
+        }
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+      }
+      if (elements - base >= kBlock) {
+        for (int g = 0; g < kGroups; ++g) apply_factors(c[g], below, bits, row + base + 32 * g);
+      } else {  // a short last block, through a full-size copy
+        float tail[kBlock] = {};
+        std::copy(row + base, row + elements, tail);
+        for (int g = 0; g < kGroups; ++g) apply_factors(c[g], below, bits, tail + 32 * g);
+        std::copy(tail, tail + (elements - base), row + base);
+      }
+    }
+  }
+}
+
+}  // namespace avx2
+
 template <std::size_t B>
 [[gnu::always_inline]] inline void relu_dropout_backward_body(const float* out, float scale, std::size_t count,
                                                               float* d) {
@@ -100,16 +183,21 @@ template <std::size_t B>
   for (; i < count; ++i) d[i] = out[i] > 0.0f ? d[i] * scale : 0.0f;
 }
 
-MNIST_MT_ISA_VARIANTS(dropout, dropout_body,
-                      (const DropoutKey& key, const std::uint32_t* samples, std::uint32_t batch,
-                       RandomStream stream, std::uint32_t elements, float p, float* x),
-                      (key, samples, batch, stream, elements, p, x))
+// Dropout's AVX2 variant is avx2::dropout above.
+MNIST_MT_AVX512 void dropout_avx512(const DropoutKey& key, const std::uint32_t* samples, std::uint32_t batch,
+                                    RandomStream stream, std::uint32_t elements, float p, float* x) {
+  dropout_body<16>(key, samples, batch, stream, elements, p, x);
+}
+void dropout_portable(const DropoutKey& key, const std::uint32_t* samples, std::uint32_t batch, RandomStream stream,
+                      std::uint32_t elements, float p, float* x) {
+  dropout_body<8>(key, samples, batch, stream, elements, p, x);
+}
 MNIST_MT_ISA_VARIANTS(relu_dropout_backward, relu_dropout_backward_body,
                       (const float* out, float scale, std::size_t count, float* d), (out, scale, count, d))
 }  // namespace
 
 DropoutForwardFn dropout_forward_variant(Isa isa) {
-  return pick<DropoutForwardFn>(isa, dropout_avx512, dropout_avx2, dropout_portable);
+  return pick<DropoutForwardFn>(isa, dropout_avx512, avx2::dropout, dropout_portable);
 }
 
 ReluDropoutBackwardFn relu_dropout_backward_variant(Isa isa) {
