@@ -10,6 +10,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <ostream>
 #include <random>
@@ -402,6 +403,39 @@ TEST_P(Conv2Backward, WinogradEqualsDirectGradients) {
     expect_close(dw, want_dw, "dw");
     expect_close(db, want_db, "db");
     expect_close(d_a1, want_da1, "d_a1");
+  }
+}
+
+// The step's pass: the pool's backward fused into the output-gradient transform gives
+// the bits of the pool's backward followed by backward() on the map it writes. Every
+// argmax value at random (kPoolNoGradient too); chunks of one image and of two.
+TEST_P(Conv2Backward, PooledEqualsPoolBackwardThenBackward) {
+  constexpr std::size_t kIc = kConv1Channels, kOc = kConv2Channels, kSide = kConv1Side, kOut = kConv2Side;
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  const dnnl::stream stream(engine);
+  for (std::uint32_t batch : {1u, 3u, 4u}) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    const std::vector<float> a1 = uniform(batch * kIc * kSide * kSide, 0.0f, 2.0f, 11 + batch);
+    const std::vector<float> d_pool = uniform(batch * kFlat, -1.0f, 1.0f, 12 + batch);
+    const std::vector<float> w = uniform(kOc * kIc * 9, -0.06f, 0.06f, 13 + batch);
+    std::mt19937 rng(14 + batch);
+    std::vector<std::uint8_t> argmax(batch * kFlat);
+    for (auto& a : argmax) a = static_cast<std::uint8_t>(rng() % (kPoolNoGradient + 1));
+    Conv2WinogradBackward conv2(engine, batch, isa());
+
+    std::vector<float> d_a2(batch * kOc * kOut * kOut, kNaN);
+    pool_kernels(isa()).backward(d_pool.data(), argmax.data(), batch, d_a2.data());
+    std::vector<float> dw(w.size(), kNaN), db(kOc, kNaN), d_a1(a1.size(), kNaN);
+    conv2.backward(stream, a1.data(), w.data(), d_a2.data(), dw.data(), db.data(), d_a1.data());
+    std::vector<float> fused_dw(w.size(), kNaN), fused_db(kOc, kNaN), fused_d_a1(a1.size(), kNaN);
+    conv2.backward_pooled(stream, a1.data(), w.data(), d_pool.data(), argmax.data(), fused_dw.data(), fused_db.data(),
+                          fused_d_a1.data());
+
+    EXPECT_EQ(0, std::memcmp(dw.data(), fused_dw.data(), dw.size() * sizeof(float))) << "dw";
+    EXPECT_EQ(0, std::memcmp(db.data(), fused_db.data(), db.size() * sizeof(float))) << "db";
+    EXPECT_EQ(0, std::memcmp(d_a1.data(), fused_d_a1.data(), d_a1.size() * sizeof(float))) << "d_a1";
+    // Not vacuous: the gradients are not all zero.
+    EXPECT_GT(*std::max_element(fused_db.begin(), fused_db.end()), 0.0f);
   }
 }
 

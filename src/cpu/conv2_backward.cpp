@@ -69,13 +69,14 @@ Step Conv2WinogradBackward::product(const dnnl::primitive_desc& pd, float* src, 
   return step;
 }
 
-void Conv2WinogradBackward::backward(const dnnl::stream& stream, const float* a1, const float* w, const float* d_a2,
-                                     float* dw, float* db, float* d_a1) {
+template <class OutputGrad>
+void Conv2WinogradBackward::chunks(const dnnl::stream& stream, const float* a1, const float* w,
+                                   const OutputGrad& output_grad, float* dw, float* db, float* d_a1) {
   kernels_.weights(w, u_.get());
   std::memset(du_.get(), 0, kXi * kIc * kOc * sizeof(float));
   double bias[kConv2Channels] = {};
   for (std::uint32_t n = 0; n < batch_; n += chunk_) {
-    kernels_.output_grad(d_a2 + n * kOutImage, chunk_, z_.get(), bias);
+    output_grad(n, bias);
     kernels_.input(a1 + n * kInImage, chunk_, v_.get());
     run(backward_weights_, stream);
     run(backward_data_, stream);
@@ -83,6 +84,25 @@ void Conv2WinogradBackward::backward(const dnnl::stream& stream, const float* a1
   }
   kernels_.weights_grad(du_.get(), dw);
   for (std::size_t c = 0; c < kConv2Channels; ++c) db[c] = static_cast<float>(bias[c]);
+}
+
+void Conv2WinogradBackward::backward(const dnnl::stream& stream, const float* a1, const float* w, const float* d_a2,
+                                     float* dw, float* db, float* d_a1) {
+  chunks(
+      stream, a1, w,
+      [&](std::uint32_t n, double* bias) { kernels_.output_grad(d_a2 + n * kOutImage, chunk_, z_.get(), bias); }, dw,
+      db, d_a1);
+}
+
+void Conv2WinogradBackward::backward_pooled(const dnnl::stream& stream, const float* a1, const float* w,
+                                            const float* d_pool, const std::uint8_t* argmax, float* dw, float* db,
+                                            float* d_a1) {
+  chunks(
+      stream, a1, w,
+      [&](std::uint32_t n, double* bias) {
+        kernels_.pooled_output_grad(d_pool + n * kFlat, argmax + n * kFlat, chunk_, z_.get(), bias);
+      },
+      dw, db, d_a1);
 }
 
 }  // namespace mnist_mt::cpu

@@ -39,10 +39,20 @@ class Conv2WinogradBackward {
   // gradients dw, db (state-dict layouts) and the input gradient d_a1 (all written).
   void backward(const dnnl::stream& stream, const float* a1, const float* w, const float* d_a2, float* dw, float* db,
                 float* d_a1);
+  // The same from the gradient of the max pool's output, d_pool (batch x 64 x 12 x 12),
+  // and the pool forward's argmax (pool.hpp), with the pool's backward (and its ReLU's)
+  // fused into the output-gradient transform: no d_a2 map is written or read. The same
+  // bits as pool.hpp's backward followed by backward().
+  void backward_pooled(const dnnl::stream& stream, const float* a1, const float* w, const float* d_pool,
+                       const std::uint8_t* argmax, float* dw, float* db, float* d_a1);
 
  private:
   // A matrix product bound to its buffers (memory objects kept in memories_).
   Step product(const dnnl::primitive_desc& pd, float* src, float* weights, float* dst);
+  // Both backward passes: `output_grad(n, bias)` transforms images n.. of one chunk into z_.
+  template <class OutputGrad>
+  void chunks(const dnnl::stream& stream, const float* a1, const float* w, const OutputGrad& output_grad, float* dw,
+              float* db, float* d_a1);
 
   WinogradKernels kernels_;
   std::uint32_t batch_, chunk_;  // images per chunk: the largest divisor of batch_ up to a cap

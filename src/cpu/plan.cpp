@@ -20,8 +20,9 @@ std::unique_ptr<Plan> build_plan(const dnnl::engine& engine, std::uint32_t batch
   PlanBuilder b(engine, *plan);
   const std::string own = std::string("own:") + isa_name(isa);
   for (Op op : {kInputOp, kConv1Forward, kPoolForward, kDropout1Forward, kDropout2Forward, kLossOp, kDropout2Backward,
-                kDropout1Backward, kPoolBackward, kConv1BackwardWeights, kUpdateOp})
+                kDropout1Backward, kConv1BackwardWeights, kUpdateOp})
     plan->impl[op] = own;
+  plan->impl[kPoolBackward] = own + " (fused into conv2 backward, timed there)";
   add_conv2_forward(b, *plan, buf, isa, params);
   plan->conv2_backward = std::make_unique<Conv2WinogradBackward>(engine, batch, isa);
   plan->impl[kConv2Backward] = plan->conv2_backward->impl();

@@ -25,7 +25,6 @@ struct Buffers {
         act1(aligned_zeros<float>(b * kConv1Channels * kConv1Side * kConv1Side)),
         d_act1(aligned_zeros<float>(b * kConv1Channels * kConv1Side * kConv1Side)),
         act2(aligned_zeros<float>(b * kConv2Channels * kConv2Side * kConv2Side)),
-        d_act2(aligned_zeros<float>(b * kConv2Channels * kConv2Side * kConv2Side)),
         argmax(aligned_zeros<std::uint8_t>(b * kFlat)),
         flat(aligned_zeros<float>(b * kFlat)),
         d_flat(aligned_zeros<float>(b * kFlat)),
@@ -38,7 +37,7 @@ struct Buffers {
         samples(aligned_zeros<std::uint32_t>(b)) {}
 
   std::size_t max_batch;
-  Aligned<float> input, act1, d_act1, act2, d_act2;
+  Aligned<float> input, act1, d_act1, act2;  // no d_act2: conv2's backward reads d_flat and argmax
   Aligned<std::uint8_t> argmax;  // the pooling's, one byte an output
   Aligned<float> flat, d_flat, hidden, d_hidden, logits, logp, dlogits;
   Aligned<std::uint8_t> labels;

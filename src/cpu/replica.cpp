@@ -159,14 +159,11 @@ class CpuReplicaImpl final : public CpuReplica {
       timed(kFc1BackwardData, [&] { run(plan->fc1_backward_data, stream_); });
       timed(kDropout1Backward,
             [&] { relu_dropout_backward(buffers_.flat.get(), scale0_, n * kFlat, buffers_.d_flat.get()); });
-      timed(kPoolBackward, [&] {
-        pool_.backward(buffers_.d_flat.get(), buffers_.argmax.get(), plan->batch, buffers_.d_act2.get());
-      });
-      timed(kConv2Backward, [&] {
+      timed(kConv2Backward, [&] {  // the pool's backward fused in (kPoolBackward's time is in this one)
         float* g = grads_.get();
-        plan->conv2_backward->backward(stream_, buffers_.act1.get(), params_.get() + kParams[2].offset,
-                                       buffers_.d_act2.get(), g + kParams[2].offset, g + kParams[3].offset,
-                                       buffers_.d_act1.get());
+        plan->conv2_backward->backward_pooled(stream_, buffers_.act1.get(), params_.get() + kParams[2].offset,
+                                              buffers_.d_flat.get(), buffers_.argmax.get(), g + kParams[2].offset,
+                                              g + kParams[3].offset, buffers_.d_act1.get());
       });
     });
     grads_ready(kConv2);

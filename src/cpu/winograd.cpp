@@ -134,8 +134,44 @@ template <std::size_t B>
       }
 }
 
+// Where output_grad reads a 4x4 tile of conv2's output gradient dy: from the map d_a2,
+// or (Pooled) from the gradient of the max pool's output and its argmax, as the pool's
+// backward would have written d_a2 (the tile holds 2x2 whole pooling windows).
 template <std::size_t B>
-[[gnu::always_inline]] inline void output_grad(const float* d_a2, std::uint32_t images, float* z, double* db) {
+struct FromMap {
+  const float* d_a2;
+  [[gnu::always_inline]] void tile(std::size_t n, std::size_t cb, std::size_t y0, std::size_t x0,
+                                   Vec<B> (&dy)[4][4]) const {
+    for (std::size_t i = 0; i < 4; ++i)
+      for (std::size_t j = 0; j < 4; ++j) dy[i][j] = load<B>(d_a2 + at_blocked<B>(kOc, kOut, n, cb, y0 + i, x0 + j));
+  }
+};
+template <std::size_t B>
+struct Pooled {
+  const float* d_pool;         // images x 64 x 12 x 12 (PyTorch's flatten order)
+  const std::uint8_t* argmax;  // images x 64/B x 12 x 12 x B: 0..3, or kPoolNoGradient
+  [[gnu::always_inline]] void tile(std::size_t n, std::size_t cb, std::size_t y0, std::size_t x0,
+                                   Vec<B> (&dy)[4][4]) const {
+    using Mask = decltype(Vec<B>{} < Vec<B>{});
+    for (std::size_t wy = 0; wy < 2; ++wy)
+      for (std::size_t wx = 0; wx < 2; ++wx) {
+        const std::size_t window = (y0 / 2 + wy) * kPoolSide + x0 / 2 + wx;
+        const float* g_at = d_pool + (n * kOc + cb * B) * kPoolSide * kPoolSide + window;
+        const std::uint8_t* which_at = argmax + ((n * (kOc / B) + cb) * kPoolSide * kPoolSide + window) * B;
+        Vec<B> g;
+        Mask which;
+        for (std::size_t c = 0; c < B; ++c) {
+          g[c] = g_at[c * kPoolSide * kPoolSide];
+          which[c] = which_at[c];
+        }
+        for (std::size_t k = 0; k < 4; ++k)
+          dy[2 * wy + k / 2][2 * wx + k % 2] = which == static_cast<int>(k) ? g : Vec<B>{};
+      }
+  }
+};
+
+template <std::size_t B, class Source>
+[[gnu::always_inline]] inline void output_grad_from(const Source& source, std::uint32_t images, float* z, double* db) {
   const std::size_t tiles = kWinoTiles * images;
   for (std::size_t cb = 0; cb < kOc / B; ++cb) {
     Vec<B> sum{};
@@ -143,11 +179,9 @@ template <std::size_t B>
       for (std::size_t t = 0; t < kWinoTiles; ++t) {
         const std::size_t y0 = 4 * (t / kTileRow), x0 = 4 * (t % kTileRow);
         Vec<B> dy[4][4], r[6][6];
+        source.tile(n, cb, y0, x0, dy);
         for (std::size_t i = 0; i < 4; ++i)
-          for (std::size_t j = 0; j < 4; ++j) {
-            dy[i][j] = load<B>(d_a2 + at_blocked<B>(kOc, kOut, n, cb, y0 + i, x0 + j));
-            sum += dy[i][j];
-          }
+          for (std::size_t j = 0; j < 4; ++j) sum += dy[i][j];
         separable<ByA>(dy, r);
         float* out = z + (n * kWinoTiles + t) * kOc + cb * B;
         for (std::size_t xi = 0; xi < kWinoPositions; ++xi)
@@ -184,17 +218,33 @@ template <std::size_t B>
 MNIST_MT_ISA_VARIANTS(weights, weights, (const float* w, float* u), (w, u))
 MNIST_MT_ISA_VARIANTS(weights_grad, weights_grad, (const float* du, float* dw), (du, dw))
 MNIST_MT_ISA_VARIANTS(input, input, (const float* a1, std::uint32_t n, float* v), (a1, n, v))
+template <std::size_t B>
+[[gnu::always_inline]] inline void output_grad(const float* d_a2, std::uint32_t images, float* z, double* db) {
+  output_grad_from<B>(FromMap<B>{d_a2}, images, z, db);
+}
+template <std::size_t B>
+[[gnu::always_inline]] inline void pooled_output_grad(const float* d_pool, const std::uint8_t* argmax,
+                                                      std::uint32_t images, float* z, double* db) {
+  output_grad_from<B>(Pooled<B>{d_pool, argmax}, images, z, db);
+}
+
 MNIST_MT_ISA_VARIANTS(output_grad, output_grad, (const float* d, std::uint32_t n, float* z, double* db),
                       (d, n, z, db))
+MNIST_MT_ISA_VARIANTS(pooled_output_grad, pooled_output_grad,
+                      (const float* d, const std::uint8_t* argmax, std::uint32_t n, float* z, double* db),
+                      (d, argmax, n, z, db))
 MNIST_MT_ISA_VARIANTS(input_grad, input_grad, (const float* dv, std::uint32_t n, float* d), (dv, n, d))
 
 }  // namespace
 
 WinogradKernels winograd_kernels(Isa isa) {
   return pick<WinogradKernels>(
-      isa, {weights_avx512, input_avx512, output_grad_avx512, input_grad_avx512, weights_grad_avx512},
-      {weights_avx2, input_avx2, output_grad_avx2, input_grad_avx2, weights_grad_avx2},
-      {weights_portable, input_portable, output_grad_portable, input_grad_portable, weights_grad_portable});
+      isa,
+      {weights_avx512, input_avx512, output_grad_avx512, pooled_output_grad_avx512, input_grad_avx512,
+       weights_grad_avx512},
+      {weights_avx2, input_avx2, output_grad_avx2, pooled_output_grad_avx2, input_grad_avx2, weights_grad_avx2},
+      {weights_portable, input_portable, output_grad_portable, pooled_output_grad_portable, input_grad_portable,
+       weights_grad_portable});
 }
 
 }  // namespace mnist_mt::cpu

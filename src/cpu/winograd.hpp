@@ -25,6 +25,11 @@ struct WinogradKernels {
   // z[xi][t][oc] = (A dy A^T)[xi] of each 4x4 tile dy of d_a2; adds d_a2's per-channel
   // sums (the bias gradient) to db[64].
   void (*output_grad)(const float* d_a2, std::uint32_t images, float* z, double* db);
+  // The same with the 2x2 max pool's backward (pool.hpp) fused in: dy is routed from
+  // d_pool (images x 64 x 12 x 12) to each window's argmax, as the pool's backward
+  // writes d_a2, and no d_a2 map is written. The same bits as the two passes.
+  void (*pooled_output_grad)(const float* d_pool, const std::uint8_t* argmax, std::uint32_t images, float* z,
+                             double* db);
   // d_a1 = the sum over overlapping tiles of (B dv B^T): dv[xi][t][ic]; all of d_a1 written.
   void (*input_grad)(const float* dv, std::uint32_t images, float* d_a1);
   // dw (state dict) = (G^T du G) of du[xi][ic][oc].
