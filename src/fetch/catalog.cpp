@@ -1,14 +1,16 @@
 #include "mnist_mt/catalog.hpp"
 
 #include "mnist_mt/gunzip.hpp"
+#include "mnist_mt/model.hpp"
 #include "md5.hpp"
 
 namespace mnist_mt {
 namespace {
 
-constexpr std::uint64_t kTrainImages = 60000ull * 28 * 28 + 16;
+// The decompressed sizes: a 16-byte IDX header and the images, or an 8-byte one and the labels.
+constexpr std::uint64_t kTrainImages = 60000ull * kImageBytes + 16;
 constexpr std::uint64_t kTrainLabels = 60000ull + 8;
-constexpr std::uint64_t kTestImages = 10000ull * 28 * 28 + 16;
+constexpr std::uint64_t kTestImages = 10000ull * kImageBytes + 16;
 constexpr std::uint64_t kTestLabels = 10000ull + 8;
 
 // .gz checksums and mirror order: torchvision's datasets/mnist.py (MNIST, FashionMNIST).
