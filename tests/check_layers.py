@@ -6,7 +6,10 @@ below, and a public header missing there fails too, so that the table stays whol
 fails for a source file of src/ or include/ longer than MAX_LINES, and where a header is
 in the wrong place: a folder's header that another folder of src/ includes belongs in
 include/mnist_mt, and a public header that only its own layer includes (tests, fuzz
-targets and benchmarks aside, which may include any header) belongs beside its sources."""
+targets and benchmarks aside, which may include any header) belongs beside its sources.
+The same arrows hold for the libraries each folder's meson.build links (its `*_dep`s), and
+libcurl, OpenSSL and libpng may be linked only where DEPENDENCY_OWNER says, so that the
+backends and everything below them link none of them."""
 import pathlib
 import re
 import sys
@@ -42,8 +45,14 @@ OWNER = {
     "numbered_checkpoints.hpp": "train", "test_pass.hpp": "train",
     "evaluate.hpp": "infer", "predict.hpp": "infer",
 }
+# The Meson dependency each layer declares, and the external libraries only some may link.
+LAYER_DEP = {"base_dep": "base", "mpi": "mpi", "processes_dep": "mpi", "model_dep": "model", "data_dep": "data",
+             "image_dep": "image", "fetch_dep": "fetch", "cpu_dep": "cpu", "cuda_dep": "cuda", "comm_dep": "comm",
+             "train_dep": "train", "infer_dep": "infer"}
+DEPENDENCY_OWNER = {"libcurl": "fetch", "libcrypto": "fetch", "libpng": "image"}
 MAX_LINES = 400
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(?:([a-z_]+)/)?([a-z_0-9]+\.(?:hpp|cuh))"')
+QUOTED = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 wrong = []
@@ -60,7 +69,8 @@ def layer_of(folder, header):
 
 files = [p for p in sorted((root / "src").rglob("*")) if p.suffix in {".cpp", ".hpp", ".cu", ".cuh"}]
 files += [p for p in sorted((root / "include" / "mnist_mt").glob("*.hpp"))]
-used_elsewhere = set()  # public headers that a file of another layer, or a public header, includes
+used_elsewhere = set()  # public headers that a file of another layer includes
+public_includes = {}    # public header -> the public headers it includes
 for path in files:
     rel = path.relative_to(root)
     if (lines := len(path.read_text().splitlines())) > MAX_LINES:
@@ -70,10 +80,16 @@ for path in files:
         wrong.append(f"{rel}: folder {folder} has no entry in tests/check_layers.py's MAY_USE")
         continue
     for number, line in enumerate(path.read_text().splitlines(), 1):
+        quoted = QUOTED.match(line)
+        if quoted and not INCLUDE.match(line):
+            wrong.append(f"{rel}:{number}: an include this check cannot place ({quoted.group(1)}): "
+                         f'write "folder/name.hpp", "mnist_mt/name.hpp" or a header of this folder')
         m = INCLUDE.match(line)
         if not m or m.group(1) is None:
             continue
-        if m.group(1) == "mnist_mt" and (rel.parts[0] == "include" or OWNER.get(m.group(2)) != folder):
+        if m.group(1) == "mnist_mt" and rel.parts[0] == "include":
+            public_includes.setdefault(path.name, set()).add(m.group(2))
+        if m.group(1) == "mnist_mt" and OWNER.get(m.group(2)) != folder:
             used_elsewhere.add(m.group(2))
         if m.group(1) != "mnist_mt" and m.group(1) != folder and m.group(1) in MAY_USE:
             wrong.append(f"{rel}:{number}: includes {m.group(1)}'s private header {m.group(2)}: "
@@ -83,6 +99,21 @@ for path in files:
             continue
         if to not in MAY_USE[folder]:
             wrong.append(f"{rel}:{number}: {folder} includes a header of {to} ({line.strip()})")
+# A public header that a used public header includes is part of that one's interface.
+grown = True
+while grown:
+    reached = {g for h in used_elsewhere for g in public_includes.get(h, ())} - used_elsewhere
+    used_elsewhere |= reached
+    grown = bool(reached)
+for build in sorted((root / "src").glob("*/meson.build")):
+    folder, text = build.parent.name, build.read_text()
+    for dep in sorted(set(re.findall(r"\b([a-z]+_dep)\b", text))):
+        to = LAYER_DEP.get(dep)
+        if to is not None and to != folder and to not in MAY_USE.get(folder, set()):
+            wrong.append(f"src/{folder}/meson.build: links {dep}, of layer {to}, which {folder} may not use")
+    for library in re.findall(r"dependency\('([^']+)'", text):
+        if DEPENDENCY_OWNER.get(library, folder) != folder:
+            wrong.append(f"src/{folder}/meson.build: links {library}, which only src/{DEPENDENCY_OWNER[library]} may link")
 wrong += [f"include/mnist_mt/{name}: only {OWNER[name]} includes it: a private header, beside its sources in src/{OWNER[name]}"
           for name in public if name in OWNER and name not in used_elsewhere]
 print("\n".join(wrong) if wrong else
