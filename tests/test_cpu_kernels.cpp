@@ -36,6 +36,7 @@ void PrintTo(Isa isa, std::ostream* os) { *os << isa_name(isa); }
 
 namespace {
 
+using testing_inputs::blocked;
 using testing_inputs::same;
 using testing_inputs::uniform;
 using testing_reference::ConvGeometry;
@@ -55,12 +56,6 @@ bool cpu_runs(Isa isa) {
     case Isa::kPortable: break;
   }
   return true;
-}
-
-// Element (n, c, y, x) of a batch x C x side x side map in the nChw{B}c layout.
-std::size_t blocked(std::size_t n, std::size_t c, std::size_t y, std::size_t x, std::size_t channels,
-                    std::size_t side, std::size_t block) {
-  return ((n * (channels / block) + c / block) * side * side + y * side + x) * block + c % block;
 }
 
 // A tensor moved between the NCHW layout (the references') and nChw{B}c (the kernels').

@@ -26,6 +26,7 @@
 namespace mnist_mt {
 namespace {
 
+using testing_inputs::blocked;
 using testing_inputs::grid_values;
 using testing_inputs::same;
 using testing_inputs::sprinkle_nan;
@@ -35,12 +36,6 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr DropoutKey kKey{0x1234'5678'9abcULL, 3};
 const std::uint32_t kSamples[] = {17, 59'999, 4};  // global indices of the rows
 constexpr std::uint32_t kRows = 3;
-
-// Index of NCHW element i of a rows x channels x side x side map in nChw{B}c.
-std::size_t blocked(std::size_t i, std::size_t channels, std::size_t side, std::size_t block) {
-  const std::size_t plane = side * side, n = i / (channels * plane), c = i / plane % channels, at = i % plane;
-  return ((n * (channels / block) + c / block) * plane + at) * block + c % block;
-}
 
 cuda::DropoutArgs dropout_args(RandomStream stream, float p) {
   return {kSamples, kKey.seed, kKey.epoch, stream, p, 1.0f / (1.0f - p)};  // as cuda/replica.cpp
