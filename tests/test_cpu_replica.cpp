@@ -207,33 +207,35 @@ std::vector<double> ref_features(const std::vector<double>& p, const RefSample& 
   const double* b1 = p.data() + kParams[1].offset;
   const double* w2 = p.data() + kParams[2].offset;
   const double* b2 = p.data() + kParams[3].offset;
-  std::vector<double> a1(32 * 26 * 26), a2(64 * 24 * 24), out(9216);
-  for (int c = 0; c < 32; ++c)
-    for (int y = 0; y < 26; ++y)
-      for (int x = 0; x < 26; ++x) {
+  constexpr int kC1 = kConv1Channels, kS1 = kConv1Side, kC2 = kConv2Channels, kS2 = kConv2Side, kP = kPoolSide;
+  constexpr int kIn = kImageSide, kPlane2 = kS2 * kS2;
+  std::vector<double> a1(kC1 * kS1 * kS1), a2(kC2 * kPlane2), out(kFlat);
+  for (int c = 0; c < kC1; ++c)
+    for (int y = 0; y < kS1; ++y)
+      for (int x = 0; x < kS1; ++x) {
         double v = b1[c];
         for (int ky = 0; ky < 3; ++ky)
-          for (int kx = 0; kx < 3; ++kx) v += w1[c * 9 + ky * 3 + kx] * s.x[(y + ky) * 28 + x + kx];
-        a1[(c * 26 + y) * 26 + x] = relu(v);
+          for (int kx = 0; kx < 3; ++kx) v += w1[c * 9 + ky * 3 + kx] * s.x[(y + ky) * kIn + x + kx];
+        a1[(c * kS1 + y) * kS1 + x] = relu(v);
       }
-  for (int o = 0; o < 64; ++o) {
-    double* dst = a2.data() + o * 576;
-    std::fill(dst, dst + 576, b2[o]);
-    for (int i = 0; i < 32; ++i)
+  for (int o = 0; o < kC2; ++o) {
+    double* dst = a2.data() + o * kPlane2;
+    std::fill(dst, dst + kPlane2, b2[o]);
+    for (int i = 0; i < kC1; ++i)
       for (int ky = 0; ky < 3; ++ky)
         for (int kx = 0; kx < 3; ++kx) {
-          const double w = w2[((o * 32 + i) * 3 + ky) * 3 + kx];
-          for (int y = 0; y < 24; ++y)
-            for (int x = 0; x < 24; ++x) dst[y * 24 + x] += w * a1[(i * 26 + y + ky) * 26 + x + kx];
+          const double w = w2[((o * kC1 + i) * 3 + ky) * 3 + kx];
+          for (int y = 0; y < kS2; ++y)
+            for (int x = 0; x < kS2; ++x) dst[y * kS2 + x] += w * a1[(i * kS1 + y + ky) * kS1 + x + kx];
         }
-    for (int i = 0; i < 576; ++i) dst[i] = relu(dst[i]);
+    for (int i = 0; i < kPlane2; ++i) dst[i] = relu(dst[i]);
   }
-  for (int c = 0; c < 64; ++c)
-    for (int y = 0; y < 12; ++y)
-      for (int x = 0; x < 12; ++x) {
-        const double* q = a2.data() + (c * 24 + 2 * y) * 24 + 2 * x;
-        const double m = std::max({q[0], q[1], q[24], q[25]});
-        const auto e = static_cast<std::uint32_t>((c * 12 + y) * 12 + x);
+  for (int c = 0; c < kC2; ++c)
+    for (int y = 0; y < kP; ++y)
+      for (int x = 0; x < kP; ++x) {
+        const double* q = a2.data() + (c * kS2 + 2 * y) * kS2 + 2 * x;
+        const double m = std::max({q[0], q[1], q[kS2], q[kS2 + 1]});
+        const auto e = static_cast<std::uint32_t>((c * kP + y) * kP + x);
         out[e] = ref_dropout(m, key, s, RandomStream::kDropout0, e, kDropout1);
       }
   return out;
@@ -246,16 +248,16 @@ std::array<double, kClasses> ref_head(const std::vector<double>& p, const std::v
   const double* b1 = p.data() + kParams[5].offset;
   const double* w2 = p.data() + kParams[6].offset;
   const double* b2 = p.data() + kParams[7].offset;
-  std::array<double, 128> h{};
-  for (std::uint32_t j = 0; j < 128; ++j) {
+  std::array<double, kHidden> h{};
+  for (std::size_t j = 0; j < kHidden; ++j) {
     double v = b1[j];
-    for (int e = 0; e < 9216; ++e) v += w1[j * 9216 + e] * features[e];
-    h[j] = ref_dropout(relu(v), key, s, RandomStream::kDropout1, j, kDropout2);
+    for (std::size_t e = 0; e < kFlat; ++e) v += w1[j * kFlat + e] * features[e];
+    h[j] = ref_dropout(relu(v), key, s, RandomStream::kDropout1, static_cast<std::uint32_t>(j), kDropout2);
   }
   std::array<double, kClasses> z{};
   for (std::size_t k = 0; k < kClasses; ++k) {
     z[k] = b2[k];
-    for (int j = 0; j < 128; ++j) z[k] += w2[k * 128 + j] * h[j];
+    for (std::size_t j = 0; j < kHidden; ++j) z[k] += w2[k * kHidden + j] * h[j];
   }
   const double m = *std::max_element(z.begin(), z.end());
   double sum = 0;
