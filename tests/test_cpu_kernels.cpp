@@ -85,11 +85,13 @@ class KernelTest : public ::testing::TestWithParam<Isa> {
   std::size_t block() const { return channel_block(GetParam()); }
 };
 
-// One suite per source file of src/cpu, each run on every instruction set: --gtest_filter
-// '*Pool*' finds pool.cpp's tests here (PoolReference too) and pool.cu's in test_cuda_kernels.
+// One suite per operation, named as in test_cuda_kernels (Conv2: conv2_backward.cpp and
+// winograd.cpp), each run on every instruction set; Input and Loss have one variant.
+// --gtest_filter '*Pool*' finds pool.cpp's tests here (PoolReference too) and pool.cu's in
+// test_cuda_kernels.
 class Conv1 : public KernelTest {};
 class Pool : public KernelTest {};
-class Conv2Backward : public KernelTest {};
+class Conv2 : public KernelTest {};
 class Activation : public KernelTest {};
 class Update : public KernelTest {};
 class Norm : public KernelTest {};
@@ -375,7 +377,7 @@ TEST_P(Pool, BackwardAfterForwardReachesTheMaximum) {
 
 // ---- conv2's backward by Winograd ----
 
-TEST_P(Conv2Backward, WinogradEqualsDirectGradients) {
+TEST_P(Conv2, WinogradEqualsDirectGradients) {
   constexpr std::size_t kIc = kConv1Channels, kOc = kConv2Channels, kSide = kConv1Side, kOut = kConv2Side;
   const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   const dnnl::stream stream(engine);
@@ -404,7 +406,7 @@ TEST_P(Conv2Backward, WinogradEqualsDirectGradients) {
 // The step's pass: the pool's backward fused into the output-gradient transform gives
 // the bits of the pool's backward followed by backward() on the map it writes. Every
 // argmax value at random (kPoolNoGradient too); chunks of one image and of two.
-TEST_P(Conv2Backward, PooledEqualsPoolBackwardThenBackward) {
+TEST_P(Conv2, PooledEqualsPoolBackwardThenBackward) {
   constexpr std::size_t kIc = kConv1Channels, kOc = kConv2Channels, kSide = kConv1Side, kOut = kConv2Side;
   const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   const dnnl::stream stream(engine);
@@ -431,6 +433,62 @@ TEST_P(Conv2Backward, PooledEqualsPoolBackwardThenBackward) {
     EXPECT_EQ(0, std::memcmp(d_a1.data(), fused_d_a1.data(), d_a1.size() * sizeof(float))) << "d_a1";
     // Not vacuous: the gradients are not all zero.
     EXPECT_GT(*std::max_element(fused_db.begin(), fused_db.end()), 0.0f);
+  }
+}
+
+// ---- input and loss: scalar, the same on every ISA ----
+
+// Each of the 256 pixel values becomes torchvision's ToTensor + Normalize in fp32, and
+// within 1e-6 of the float64 value.
+TEST(Input, NormaliseIsToTensorThenNormalize) {
+  std::vector<std::uint8_t> pixels(256);
+  for (std::size_t v = 0; v < pixels.size(); ++v) pixels[v] = static_cast<std::uint8_t>(255 - v);
+  std::vector<float> out(pixels.size(), kNaN);
+  normalise_images(pixels.data(), pixels.size(), out.data());
+  for (std::size_t i = 0; i < pixels.size(); ++i) {
+    const float want = (static_cast<float>(pixels[i]) / 255.0f - kInputMean) / kInputStd;
+    ASSERT_EQ(out[i], want) << "pixel " << int{pixels[i]};
+    const double exact = (pixels[i] / 255.0 - double{kInputMean}) / double{kInputStd};
+    EXPECT_NEAR(out[i], exact, 1e-6 * std::max(1.0, std::abs(exact))) << "pixel " << int{pixels[i]};
+  }
+}
+
+// log_softmax, NLL, its gradient and the argmax of each row against float64; a row with
+// two equal maxima counts the first, as torch.argmax.
+TEST(Loss, LogSoftmaxNllAndGradientMatchFloat64) {
+  constexpr std::uint32_t kRows = 6;
+  std::vector<float> logits = uniform(kRows * kClasses, -8.0f, 8.0f, 91);
+  logits[5 * kClasses + 2] = logits[5 * kClasses + 7] = 20.0f;  // row 5: a tie, label 7
+  const std::vector<std::uint8_t> labels{3, 0, 9, 4, 4, 7};
+  const float denominator = 4.0f;
+  std::vector<float> logp(logits.size(), kNaN), dlogits(logits.size(), kNaN);
+  LossSums sums;
+  log_softmax_nll(logits.data(), labels.data(), kRows, denominator, logp.data(), dlogits.data(), sums);
+  double want_loss = 0, want_correct = 0;
+  for (std::uint32_t n = 0; n < kRows; ++n) {
+    const float* x = logits.data() + n * kClasses;
+    double m = x[0];
+    std::size_t best = 0;
+    for (std::size_t k = 1; k < kClasses; ++k)
+      if (x[k] > x[best]) best = k, m = x[k];
+    double sum = 0;
+    for (std::size_t k = 0; k < kClasses; ++k) sum += std::exp(x[k] - m);
+    for (std::size_t k = 0; k < kClasses; ++k) {
+      const double lp = x[k] - m - std::log(sum);
+      const double d = (std::exp(lp) - (k == labels[n] ? 1.0 : 0.0)) / denominator;
+      EXPECT_NEAR(logp[n * kClasses + k], lp, 1e-6 * std::max(1.0, std::abs(lp))) << "row " << n << " class " << k;
+      EXPECT_NEAR(dlogits[n * kClasses + k], d, 1e-7) << "row " << n << " class " << k;
+    }
+    want_loss -= x[labels[n]] - m - std::log(sum);
+    want_correct += best == labels[n] ? 1 : 0;
+  }
+  EXPECT_NEAR(sums.loss, want_loss, 1e-5 * want_loss);
+  EXPECT_EQ(sums.correct, want_correct);
+  // The tie alone: the first maximum, class 2, is the prediction.
+  for (const std::uint8_t label : {std::uint8_t{7}, std::uint8_t{2}}) {
+    LossSums tie;
+    log_softmax_nll(logits.data() + 5 * kClasses, &label, 1, denominator, logp.data(), dlogits.data(), tie);
+    EXPECT_EQ(tie.correct, label == 2 ? 1.0 : 0.0) << "label " << int{label};
   }
 }
 
@@ -519,7 +577,7 @@ std::string isa_param_name(const ::testing::TestParamInfo<Isa>& info) { return i
                            isa_param_name)
 ON_EVERY_ISA(Conv1);
 ON_EVERY_ISA(Pool);
-ON_EVERY_ISA(Conv2Backward);
+ON_EVERY_ISA(Conv2);
 ON_EVERY_ISA(Activation);
 ON_EVERY_ISA(Update);
 ON_EVERY_ISA(Norm);
