@@ -21,6 +21,7 @@
 #include <dnnl.hpp>
 
 #include "cpu/conv1.hpp"
+#include "cpu/conv2.hpp"
 #include "cpu/conv2_backward.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/kernels.hpp"
@@ -400,6 +401,36 @@ TEST_P(Conv2, WinogradEqualsDirectGradients) {
     expect_close(dw, want_dw, "dw");
     expect_close(db, want_db, "db");
     expect_close(d_a1, want_da1, "d_a1");
+  }
+}
+
+// conv2's forward by Winograd F(2x2, 3x3) (the step's at AVX2) against the float64 direct
+// convolution plus bias, on every ISA; its rounding is bounded as a direct fp32 sum's, by
+// each output's sum of |terms| (a few units of fp32 rounding of it).
+TEST_P(Conv2, WinogradForwardEqualsDirect) {
+  constexpr std::size_t kIc = kConv1Channels, kOc = kConv2Channels, kSide = kConv1Side, kOut = kConv2Side;
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  const dnnl::stream stream(engine);
+  const std::size_t B = block();
+  for (std::uint32_t batch : {1u, 3u}) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    const std::vector<float> a1 = uniform(batch * kIc * kSide * kSide, 0.0f, 2.0f, 21 + batch);
+    const std::vector<float> w = uniform(kOc * kIc * 9, -0.06f, 0.06f, 22 + batch);
+    const std::vector<float> bias = uniform(kOc, -0.1f, 0.1f, 23 + batch);
+    std::vector<float> a2(batch * kOc * kOut * kOut, kNaN);
+    Conv2WinogradForward conv2(engine, batch, isa());
+    conv2.forward(stream, a1.data(), w.data(), bias.data(), a2.data());
+
+    const auto ref = conv_reference({batch, kIc, kOc, kSide, 3}, relayout(a1, Into::kNchw, batch, kIc, kSide, B), w, {});
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < ref.y.value.size(); ++i) {
+      const std::size_t k = i / (kOut * kOut) % kOc;
+      const double want = ref.y.value[i] + bias[k];
+      const float got = a2[blocked(i, kOc, kOut, B)];
+      if (!(std::abs(got - want) <= 1e-6 * (ref.y.magnitude[i] + std::abs(bias[k]))) && ++bad <= 5)
+        ADD_FAILURE() << "output " << i << ": got " << got << ", want " << want;
+    }
+    EXPECT_EQ(bad, 0u);
   }
 }
 

@@ -1,11 +1,53 @@
 #pragma once
+// conv2's forward (32 -> 64 channels, 3x3, on 26x26; bias, no ReLU: the pooling applies
+// it): oneDNN's convolution, or on AVX2 our Winograd F(2x2, 3x3) (winograd_f2.hpp), which
+// measured faster there than oneDNN's direct convolution. Its backward is
+// conv2_backward.cpp.
+#include <cstdint>
+#include <dnnl.hpp>
+#include <string>
+#include <vector>
+
+#include "aligned.hpp"
 #include "isa.hpp"
-#include "plan_builder.hpp"
+#include "step.hpp"
+#include "winograd_f2.hpp"
 
 namespace mnist_mt::cpu {
 
-// Adds conv2's forward (bias, no ReLU: the pooling applies it) and the reorder of its
-// weights into oneDNN's layout to `plan`.
+class PlanBuilder;
+struct Plan;
+struct Buffers;
+
+// Whether conv2's forward runs Conv2WinogradForward at `isa` (else oneDNN's convolution).
+bool own_conv2_forward(Isa isa);
+
+// Adds conv2's forward to `plan`: oneDNN's convolution with the reorder of its weights
+// into oneDNN's layout, or Conv2WinogradForward (own_conv2_forward).
 void add_conv2_forward(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* params);
+
+class Conv2WinogradForward {
+ public:
+  // For batches of exactly `batch` images; primitives made on the calling thread.
+  Conv2WinogradForward(const dnnl::engine& engine, std::uint32_t batch, Isa isa);
+  Conv2WinogradForward(const Conv2WinogradForward&) = delete;
+  Conv2WinogradForward& operator=(const Conv2WinogradForward&) = delete;
+
+  // "own:<isa> winograd 2x3 + matmul <oneDNN's implementation>"
+  const std::string& impl() const { return impl_; }
+
+  // a2 (batch x 64/B x 24 x 24 x B) = w * a1 + bias, from a1 (batch x 32/B x 26 x 26 x B)
+  // and the state dict's weights and bias.
+  void forward(const dnnl::stream& stream, const float* a1, const float* w, const float* bias, float* a2);
+
+ private:
+  WinogradF2Kernels kernels_;
+  std::uint32_t batch_, chunk_;      // images per chunk: the largest divisor of batch_ up to a cap
+  std::size_t plane_v_, plane_m_;    // floats between positions in v_ and m_
+  Aligned<float> u_, v_, m_;         // transformed weights; one chunk's tiles in and out
+  std::vector<dnnl::memory> memories_;
+  Step product_;                     // M = V U, per position
+  std::string impl_;
+};
 
 }  // namespace mnist_mt::cpu

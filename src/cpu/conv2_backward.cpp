@@ -1,9 +1,8 @@
 #include "conv2_backward.hpp"
 
-#include <algorithm>
 #include <cstring>
-#include <tuple>
 
+#include "batched_matmul.hpp"
 #include "mnist_mt/model.hpp"
 
 namespace mnist_mt::cpu {
@@ -17,27 +16,10 @@ constexpr std::uint32_t kMaxChunk = 2;  // images: 72 tiles; larger chunks measu
 constexpr std::size_t kInImage = kConv1Channels * kConv1Side * kConv1Side;
 constexpr std::size_t kOutImage = kConv2Channels * kConv2Side * kConv2Side;
 
-std::uint32_t chunk_for(std::uint32_t batch) {
-  for (std::uint32_t c = std::min(batch, kMaxChunk); c > 1; --c)
-    if (batch % c == 0) return c;
-  return 1;
-}
-
-dnnl::matmul::primitive_desc make_matmul(const dnnl::engine& engine, const memory::desc& src,
-                                         const memory::desc& weights, const memory::desc& dst, bool accumulate) {
-  dnnl::primitive_attr attr;
-  if (accumulate) {
-    dnnl::post_ops sum;
-    sum.append_sum(1.0f);
-    attr.set_post_ops(sum);
-  }
-  return planned(kConv2Backward, [&] { return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), attr, engine); });
-}
-
 }  // namespace
 
 Conv2WinogradBackward::Conv2WinogradBackward(const dnnl::engine& engine, std::uint32_t batch, Isa isa)
-    : kernels_(winograd_kernels(isa)), batch_(batch), chunk_(chunk_for(batch)), engine_(engine) {
+    : kernels_(winograd_kernels(isa)), batch_(batch), chunk_(chunk_for(batch, kMaxChunk)) {
   const memory::dim t = memory::dim{kWinoTiles} * chunk_;
   const memory::dim pv = wino_plane(t, kIc), pz = wino_plane(t, kOc);
   u_ = aligned_zeros<float>(kXi * kIc * kOc);
@@ -52,21 +34,12 @@ Conv2WinogradBackward::Conv2WinogradBackward(const dnnl::engine& engine, std::ui
   const memory::desc u({kXi, kIc, kOc}, kF32, Dims{kIc * kOc, kOc, 1});
   const memory::desc ut({kXi, kOc, kIc}, kF32, Dims{kIc * kOc, 1, kOc});
   const memory::desc z({kXi, t, kOc}, kF32, Dims{pz, kOc, 1});
-  const auto data = make_matmul(engine, z, ut, v, false);
-  const auto weights = make_matmul(engine, vt, z, u, true);
-  backward_data_ = product(data, z_.get(), u_.get(), dv_.get());
-  backward_weights_ = product(weights, v_.get(), z_.get(), du_.get());
+  const auto data = make_batched_matmul(engine, z, ut, v, false, kConv2Backward);
+  const auto weights = make_batched_matmul(engine, vt, z, u, true, kConv2Backward);
+  backward_data_ = bind_matmul(data, engine, memories_, z_.get(), u_.get(), dv_.get(), kConv2Backward);
+  backward_weights_ = bind_matmul(weights, engine, memories_, v_.get(), z_.get(), du_.get(), kConv2Backward);
   impl_ = std::string("own:") + isa_name(isa) + " winograd 4x3 + matmul " + data.impl_info_str() + ", " +
           weights.impl_info_str();
-}
-
-Step Conv2WinogradBackward::product(const dnnl::primitive_desc& pd, float* src, float* weights, float* dst) {
-  Step step{planned(kConv2Backward, [&] { return dnnl::primitive(pd.get()); }), {}, kConv2Backward};
-  for (const auto& [arg, desc, data] : {std::tuple{DNNL_ARG_SRC, pd.src_desc(), src},
-                                        std::tuple{DNNL_ARG_WEIGHTS, pd.weights_desc(), weights},
-                                        std::tuple{DNNL_ARG_DST, pd.dst_desc(), dst}})
-    step.args.push_back({arg, memories_.emplace_back(desc, engine_, data).get()});
-  return step;
 }
 
 template <class OutputGrad>

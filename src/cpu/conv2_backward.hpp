@@ -47,8 +47,6 @@ class Conv2WinogradBackward {
                        const std::uint8_t* argmax, float* dw, float* db, float* d_a1);
 
  private:
-  // A matrix product bound to its buffers (memory objects kept in memories_).
-  Step product(const dnnl::primitive_desc& pd, float* src, float* weights, float* dst);
   // Both backward passes: `output_grad(n, bias)` transforms images n.. of one chunk into z_.
   template <class OutputGrad>
   void chunks(const dnnl::stream& stream, const float* a1, const float* w, const OutputGrad& output_grad, float* dw,
@@ -57,7 +55,6 @@ class Conv2WinogradBackward {
   WinogradKernels kernels_;
   std::uint32_t batch_, chunk_;  // images per chunk: the largest divisor of batch_ up to a cap
   Aligned<float> u_, du_, v_, z_, dv_;  // transformed weights and their gradient; one chunk's tiles
-  dnnl::engine engine_;
   std::vector<dnnl::memory> memories_;
   Step backward_data_, backward_weights_;  // dV = Z U^T; dU += V^T Z
   std::string impl_;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "aligned.hpp"
+#include "conv2.hpp"
 #include "conv2_backward.hpp"
 #include "isa.hpp"
 #include "step.hpp"
@@ -52,6 +53,7 @@ struct Plan {
   std::vector<Step> weights_to_forward;  // conv2's weights: state-dict layout -> forward layout
   Step conv2, fc1, fc2;
   Step fc2_backward_weights, fc2_backward_data, fc1_backward_weights, fc1_backward_data;
+  std::unique_ptr<Conv2WinogradForward> conv2_forward;  // when own_conv2_forward(); else conv2 and its reorder
   std::unique_ptr<Conv2WinogradBackward> conv2_backward;
   std::array<std::string, kOpCount> impl;  // what runs each operation: oneDNN's implementation or ours
 };

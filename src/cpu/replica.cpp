@@ -334,6 +334,11 @@ class CpuReplicaImpl final : public CpuReplica {
       conv1_.forward(buffers_.input.get(), p + kParams[0].offset, p + kParams[1].offset, n, buffers_.act1.get());
     });
     timed(kConv2Forward, [&] {
+      if (plan.conv2_forward) {
+        plan.conv2_forward->forward(stream_, buffers_.act1.get(), p + kParams[2].offset, p + kParams[3].offset,
+                                    buffers_.act2.get());
+        return;
+      }
       run(plan.weights_to_forward, stream_);
       run(plan.conv2, stream_);
     });
