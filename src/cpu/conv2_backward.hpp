@@ -7,10 +7,10 @@
 // of a few images so that the transformed tiles stay in cache. All memory is taken at
 // construction.
 //
-// The forward pass stays oneDNN's convolution (direct, or oneDNN's Winograd on AVX-512,
-// which agrees with PyTorch's golden steps): in the forward, this Winograd's rounding
-// moved a max-pooling tie in the golden three-step test and with it the gradients, while
-// in the backward its rounding only perturbs the gradients by ~1e-6.
+// The forward pass is not this F(4x4, 3x3) (conv2.hpp: oneDNN's Winograd on AVX-512, our
+// F(2x2, 3x3) on AVX2, both of which agree with PyTorch's golden steps): in the forward,
+// this Winograd's rounding moved a max-pooling tie in the golden three-step test and with
+// it the gradients, while in the backward its rounding only perturbs the gradients by ~1e-6.
 #include <cstdint>
 #include <dnnl.hpp>
 #include <memory>
