@@ -45,10 +45,13 @@ OWNER = {
     "numbered_checkpoints.hpp": "train", "test_pass.hpp": "train",
     "evaluate.hpp": "infer", "predict.hpp": "infer",
 }
-# The Meson dependency each layer declares, and the external libraries only some may link.
+# The Meson variables a folder's meson.build may name only where the layer they belong to
+# may be used: each layer's declared dependency, and the external libraries that only one
+# layer links (Meson variables are global, so a later folder could name them).
 LAYER_DEP = {"base_dep": "base", "mpi": "mpi", "processes_dep": "mpi", "model_dep": "model", "data_dep": "data",
              "image_dep": "image", "fetch_dep": "fetch", "cpu_dep": "cpu", "cuda_dep": "cuda", "comm_dep": "comm",
-             "train_dep": "train", "infer_dep": "infer"}
+             "train_dep": "train", "infer_dep": "infer", "curl": "fetch", "crypto": "fetch", "png": "image"}
+EXTERNAL = {"curl", "crypto", "png"}  # linked by their layer only, not by the layers above it
 DEPENDENCY_OWNER = {"libcurl": "fetch", "libcrypto": "fetch", "libpng": "image"}
 MAX_LINES = 400
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(?:([a-z_]+)/)?([a-z_0-9]+\.(?:hpp|cuh))"')
@@ -107,10 +110,11 @@ while grown:
     grown = bool(reached)
 for build in sorted((root / "src").glob("*/meson.build")):
     folder, text = build.parent.name, build.read_text()
-    for dep in sorted(set(re.findall(r"\b([a-z]+_dep)\b", text))):
-        to = LAYER_DEP.get(dep)
-        if to is not None and to != folder and to not in MAY_USE.get(folder, set()):
-            wrong.append(f"src/{folder}/meson.build: links {dep}, of layer {to}, which {folder} may not use")
+    code = re.sub(r"'[^']*'", "''", "\n".join(line.split("#")[0] for line in text.splitlines()))
+    for name in sorted(set(re.findall(r"\b([a-z_]+)\b", code)) & LAYER_DEP.keys()):
+        to = LAYER_DEP[name]
+        if to != folder and (name in EXTERNAL or to not in MAY_USE.get(folder, set())):
+            wrong.append(f"src/{folder}/meson.build: names {name}, of layer {to}, which {folder} may not link")
     for library in re.findall(r"dependency\('([^']+)'", text):
         if DEPENDENCY_OWNER.get(library, folder) != folder:
             wrong.append(f"src/{folder}/meson.build: links {library}, which only src/{DEPENDENCY_OWNER[library]} may link")

@@ -19,9 +19,11 @@ namespace mnist_mt {
 using TestShardPass = std::function<void(int rank, Replica& replica, Loader& loader, const DropoutKey& key)>;
 
 // Calls `pass` once per rank of `config.devices`, concurrently, and returns once every
-// rank's call returned. A rank that throws releases the others, and the first failure is
-// rethrown as RuntimeFailure "rank R failed at step S: WHAT"; a bad configuration or
-// checkpoint throws InputError before any rank starts.
+// rank's call returned. A rank that throws (or whose replica or loader could not be made,
+// and then `pass` is not called) releases the others; the first failure that is not
+// Aborted is rethrown as the trainer rethrows it ("rank R failed at step S: WHAT", an
+// InputError kept an InputError). A bad configuration or checkpoint throws InputError
+// before any rank starts.
 void for_each_test_shard(Backend& backend, const Dataset& data, const TrainConfig& config, const TestShardPass& pass);
 
 }  // namespace mnist_mt

@@ -8,7 +8,8 @@
 // construction.
 //
 // The forward pass is not this F(4x4, 3x3) (conv2.hpp: oneDNN's Winograd on AVX-512, our
-// F(2x2, 3x3) on AVX2, both of which agree with PyTorch's golden steps): in the forward,
+// F(2x2, 3x3) on AVX2, oneDNN's direct convolution on SSE2, all of which agree with
+// PyTorch's golden steps): in the forward,
 // this Winograd's rounding moved a max-pooling tie in the golden three-step test and with
 // it the gradients, while in the backward its rounding only perturbs the gradients by ~1e-6.
 #include <cstdint>
