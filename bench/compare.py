@@ -7,10 +7,17 @@ and the final test accuracy of each, with the machine, the date and the commands
     bench/compare.py --isa avx2 ...                # both held to AVX2 (an AVX2-only CPU's speed)
     bench/compare.py --device cuda --ranks 2 ...   # GPUs 0..ranks-1, nccl for the template
     bench/compare.py ... --json bench/results/compare.jsonl   # also keep the results for bench/plot.py
+    bench/compare.py --against pypi ...            # the official PyTorch at its best instead
 
 The template runs on OpenBLAS (Debian's python3-torch otherwise takes the reference
 BLAS); the script installs it with scripts/setup.sh and refuses to compare against a
 template that loaded another BLAS.
+
+With --against pypi the other side is the official PyTorch from PyPI (installed once into
+bench/.venv-torch, as bench/time_to_accuracy.py does) running bench/pytorch/recipe.py, the
+network written as a PyTorch user at their best would (data in memory, no DataLoader), in
+two layouts: one process of every core at the global batch, and DDP over gloo with
+--ranks processes; the better of the two is the one compared, and both are reported.
 """
 import argparse
 import datetime
@@ -45,12 +52,17 @@ def parse_args():
                    help="template ranks started by demo.py itself or by torch.distributed.run")
     p.add_argument("--isa", choices=["native", "avx2"], default="native",
                    help="avx2: oneDNN (both programs), OpenBLAS and PyTorch's own kernels held to AVX2")
+    p.add_argument("--against", choices=["template", "pypi"], default="template",
+                   help="pypi: the official PyTorch at its best (bench/pytorch/recipe.py), CPU only")
+    p.add_argument("--torch-python", type=Path, help="with --against pypi: a Python with torch instead of the venv")
     p.add_argument("--out", help="also write the Markdown to this file")
     p.add_argument("--json", help="also append the comparison, with both runs' epochs, to this JSON-lines file "
                    "(bench/plot.py draws it)")
     args = p.parse_args()
     if args.ranks < 1 or args.batch_size < 1 or args.epochs < 1 or args.max_steps < 0:
         p.error("--ranks, --batch-size and --epochs must be positive, --max-steps non-negative")
+    if args.against == "pypi" and (args.device != "cpu" or args.max_steps):
+        p.error("--against pypi runs on CPUs and whole epochs: no --device cuda, no --max-steps")
     return args
 
 
@@ -77,12 +89,29 @@ def template_command(args, metrics):
             f"--nproc_per_node={args.ranks}", "--tee", "1", "--redirects", "2", str(TEMPLATE)] + flags
 
 
+def pypi_commands(args, python, metrics_dir):
+    """recipe.py in its two layouts: (name, command, metrics file) each."""
+    flags = ["--data", args.data, "--optimizer", "sgd", "--lr", repr(args.lr), "--momentum", repr(args.momentum),
+             "--weight-decay", repr(args.weight_decay), "--seed", str(args.seed), "--epochs", str(args.epochs)]
+    recipe = [str(python), str(ROOT / "bench" / "pytorch" / "recipe.py")] + flags
+    layouts = [("1 process", ["--ranks", "1", "--batch-size", str(args.ranks * args.batch_size)])]
+    if args.ranks > 1:
+        layouts.append((f"DDP, {args.ranks} processes", ["--ranks", str(args.ranks), "--batch-size", str(args.batch_size)]))
+    out = []
+    for i, (name, layout) in enumerate(layouts):
+        metrics = str(Path(metrics_dir) / f"pytorch{i}.jsonl")
+        out.append((name, recipe + layout + ["--metrics", metrics], metrics))
+    return out
+
+
 def isa_env(args, template):
     """The environment variables that hold a program to the chosen instruction set."""
     if args.isa == "native":
         return {}
     env = {"ONEDNN_MAX_CPU_ISA": "AVX2"}  # PyTorch's convolutions run through oneDNN too
-    if template:
+    if template and args.against == "pypi":
+        env.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2")  # the PyPI build's MKL
+    elif template:
         env.update(OPENBLAS_CORETYPE="Haswell", ATEN_CPU_CAPABILITY="avx2")
     return env
 
@@ -145,8 +174,9 @@ def machine(args):
     return text
 
 
-def table(args, ours, theirs, commands):
-    """The Markdown report."""
+def table(args, ours, theirs, commands, other=""):
+    """The Markdown report; `other`, with --against pypi: the PyTorch side's name and its
+    other layout's line."""
     a, b = summary(ours), summary(theirs)
     rows = [
         ("training images/s (all ranks)", f"{a['images_per_s']:.1f}", f"{b['images_per_s']:.1f}",
@@ -160,14 +190,18 @@ def table(args, ours, theirs, commands):
     backend = "gloo" if args.device == "cpu" else "nccl"
     if args.device == "cpu":
         backend += ", " + theirs[-1].get("blas", "BLAS unknown")
+    head = f"PyTorch template ({backend}) | mnist_mt / template" if not other else \
+        f"{other.splitlines()[0]} | mnist_mt / PyTorch"
     lines = [
         f"**{args.ranks} {args.device.upper()} ranks, batch {args.batch_size} per rank, "
         f"{args.epochs} epoch(s)" + (f", {args.max_steps} steps per epoch" if args.max_steps else "") +
         f", lr {args.lr}, momentum {args.momentum}, weight decay {args.weight_decay}, seed {args.seed}**",
         "",
-        f"| | mnist_mt | PyTorch template ({backend}) | mnist_mt / template |",
+        f"| | mnist_mt | {head} |",
         "|---|---:|---:|---:|",
     ] + [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} |" for r in rows]
+    if other:
+        lines += ["", other.splitlines()[1]]
     phases = [sum(r.get("phase_seconds", {}).get(p, 0.0) for r in ours) for p in PHASES]
     if any(phases):
         lines += ["", "mnist_mt rank 0, seconds per phase over the run (share of training time):", "",
@@ -179,8 +213,45 @@ def table(args, ours, theirs, commands):
     return "\n".join(lines) + "\n"
 
 
+def main_pypi(args):
+    """--against pypi: mnist_mt, then recipe.py in both layouts; the better one is compared."""
+    from time_to_accuracy import torch_python  # installs the PyPI build into bench/.venv-torch once
+    python, note = torch_python(args)
+    if note:
+        sys.exit(f"bench/compare.py: {note}; --against pypi compares with the official build only")
+    version = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                             text=True).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="mnist_mt_compare.") as tmp:
+        ours_cmd = mnist_mt_command(args, str(Path(tmp) / "mnist_mt.jsonl"))
+        ours = run("mnist_mt", ours_cmd, ours_cmd[-1], isa_env(args, False))
+        sides = [(name, cmd, run(f"PyTorch, {name}", cmd, metrics, isa_env(args, True)))
+                 for name, cmd, metrics in pypi_commands(args, python, tmp)]
+    best = max(sides, key=lambda side: summary(side[2])["images_per_s"])
+    others = "; ".join(f"{name} {summary(records)['images_per_s']:.1f} images/s" for name, _, records in sides)
+    other = f"PyTorch {version} (PyPI), {best[0]}\nPyTorch's layouts: {others}; the better is compared."
+    shown = [[f"{k}={v}" for k, v in isa_env(args, template).items()] + [relative(a) for a in c[:-2]]
+             for template, c in [(False, ours_cmd)] + [(True, cmd) for _, cmd, _ in sides]]
+    report = table(args, ours, best[2], shown, other)
+    print(report, end="")
+    if args.out:
+        Path(args.out).write_text(report)
+    if args.json:
+        record = {"isa": args.isa, "device": args.device, "ranks": args.ranks, "batch_size": args.batch_size,
+                  "epochs": args.epochs, "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
+                  "data": args.data, "date": datetime.date.today().isoformat(), "machine": machine(args),
+                  "commands": [shlex.join(c) for c in shown], "torch_version": version,
+                  "mnist_mt": {"summary": summary(ours), "epochs": ours},
+                  "pytorch": {name: {"summary": summary(records), "epochs": records} for name, _, records in sides},
+                  "pytorch_best": best[0]}
+        with open(args.json, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
 def main():
     args = parse_args()
+    if args.against == "pypi":
+        main_pypi(args)
+        return
     if args.device == "cpu":
         ensure_template_deps()
     with tempfile.TemporaryDirectory(prefix="mnist_mt_compare.") as tmp:
