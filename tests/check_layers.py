@@ -7,9 +7,10 @@ fails for a source file of src/ or include/ longer than MAX_LINES, and where a h
 in the wrong place: a folder's header that another folder of src/ includes belongs in
 include/mnist_mt, and a public header that only its own layer includes (tests, fuzz
 targets and benchmarks aside, which may include any header) belongs beside its sources.
-The same arrows hold for the libraries each folder's meson.build links (its `*_dep`s), and
-libcurl, OpenSSL and libpng may be linked only where DEPENDENCY_OWNER says, so that the
-backends and everything below them link none of them."""
+The same arrows hold for the libraries each folder's meson.build names (LAYER_DEP: the
+layers' `*_dep`s and the mpi, curl, crypto and png variables), and libcurl, OpenSSL and
+libpng may be linked only by fetch and image, so that the backends and everything below
+them link none of them."""
 import pathlib
 import re
 import sys
