@@ -2,6 +2,7 @@
 
 #include "mnist_mt/model.hpp"
 #include "simd.hpp"
+#include "tiles.hpp"
 
 namespace mnist_mt::cpu {
 namespace {
@@ -68,27 +69,6 @@ MNIST_MT_TRANSFORM(ByA, a, 4, 6)
 MNIST_MT_TRANSFORM(ByG, g, 3, 6)
 MNIST_MT_TRANSFORM(ByGt, gt, 6, 3)
 #undef MNIST_MT_TRANSFORM
-
-// out = F_rows(F_cols(in)): in is R x C, out R' x C'.
-template <class F, std::size_t R, std::size_t C, std::size_t R2, std::size_t C2, class T>
-[[gnu::always_inline]] inline void separable(const T (&in)[R][C], T (&out)[R2][C2]) {
-  const F f;
-  T mid[R2][C];
-  for (std::size_t j = 0; j < C; ++j) {
-    T col[R], res[R2];
-    for (std::size_t i = 0; i < R; ++i) col[i] = in[i][j];
-    f(col, res);
-    for (std::size_t i = 0; i < R2; ++i) mid[i][j] = res[i];
-  }
-  for (std::size_t i = 0; i < R2; ++i) f(mid[i], out[i]);
-}
-
-// Offset of (image, channel block, y, x) in an nChw{B}c map of `channels` x side x side.
-template <std::size_t B>
-constexpr std::size_t at_blocked(std::size_t channels, std::size_t side, std::size_t n, std::size_t cb, std::size_t y,
-                                 std::size_t x) {
-  return (((n * (channels / B) + cb) * side + y) * side + x) * B;
-}
 
 // Both weight transforms run once a step whatever the batch (most of a batch-4 step's
 // conv2 backward as scalar loops): vectors over B output channels, with the filters'

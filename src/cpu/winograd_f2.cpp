@@ -2,19 +2,13 @@
 
 #include "mnist_mt/model.hpp"
 #include "simd.hpp"
+#include "tiles.hpp"
 
 namespace mnist_mt::cpu {
 namespace {
 
 constexpr std::size_t kIc = kConv1Channels, kOc = kConv2Channels, kIn = kConv1Side, kOut = kConv2Side;
 constexpr std::size_t kTileRow = 12;  // tiles per row of the map
-
-// Offset of (image, channel block, y, x) in an nChw{B}c map of `channels` x side x side.
-template <std::size_t B>
-constexpr std::size_t at_blocked(std::size_t channels, std::size_t side, std::size_t n, std::size_t cb, std::size_t y,
-                                 std::size_t x) {
-  return (((n * (channels / B) + cb) * side + y) * side + x) * B;
-}
 
 // The one-dimensional transforms of F(2, 3); the two-dimensional ones apply them to the
 // columns, then to the rows.
@@ -38,18 +32,6 @@ template <class T>
   y[1] = m[1] - m[2] - m[3];
 }
 
-// out = f on the columns of in, then on the rows of the result.
-template <std::size_t R, std::size_t R2, class F, class T>
-[[gnu::always_inline]] inline void separable(const T (&in)[R][R], T (&out)[R2][R2], F f) {
-  T mid[R2][R];
-  for (std::size_t j = 0; j < R; ++j) {
-    T col[R], res[R2];
-    for (std::size_t i = 0; i < R; ++i) col[i] = in[i][j];
-    f(col, res);
-    for (std::size_t i = 0; i < R2; ++i) mid[i][j] = res[i];
-  }
-  for (std::size_t i = 0; i < R2; ++i) f(mid[i], out[i]);
-}
 struct ByBt {
   template <class T>
   [[gnu::always_inline]] void operator()(const T (&x)[4], T (&y)[4]) const { bt4(x, y); }
@@ -70,7 +52,7 @@ template <std::size_t B>
       Vec<B> f[3][3], t[4][4];
       for (std::size_t i = 0; i < 9; ++i)
         for (std::size_t l = 0; l < B; ++l) f[i / 3][i % 3][l] = w[((ob * B + l) * kIc + ic) * 9 + i];
-      separable<3, 4>(f, t, ByG{});
+      separable<ByG>(f, t);
       for (std::size_t xi = 0; xi < kWinoF2Positions; ++xi) store<B>(u + (xi * kIc + ic) * kOc + ob * B, t[xi / 4][xi % 4]);
     }
 }
@@ -84,7 +66,7 @@ template <std::size_t B>
         Vec<B> d[4][4], r[4][4];
         for (std::size_t i = 0; i < 4; ++i)
           for (std::size_t j = 0; j < 4; ++j) d[i][j] = load<B>(a1 + at_blocked<B>(kIc, kIn, n, cb, y0 + i, x0 + j));
-        separable<4, 4>(d, r, ByBt{});
+        separable<ByBt>(d, r);
         float* out = v + (n * kWinoF2Tiles + t) * kIc + cb * B;
         for (std::size_t xi = 0; xi < kWinoF2Positions; ++xi) store<B>(out + xi * plane, r[xi / 4][xi % 4]);
       }
@@ -101,7 +83,7 @@ template <std::size_t B>
         const float* in = m + (n * kWinoF2Tiles + t) * kOc + ob * B;
         Vec<B> q[4][4], y[2][2];
         for (std::size_t xi = 0; xi < kWinoF2Positions; ++xi) q[xi / 4][xi % 4] = load<B>(in + xi * plane);
-        separable<4, 2>(q, y, ByAt{});
+        separable<ByAt>(q, y);
         const Vec<B> b = load<B>(bias + ob * B);
         for (std::size_t i = 0; i < 2; ++i)
           for (std::size_t j = 0; j < 2; ++j) store<B>(a2 + at_blocked<B>(kOc, kOut, n, ob, y0 + i, x0 + j), y[i][j] + b);
