@@ -213,6 +213,30 @@ def table(args, ours, theirs, commands, other=""):
     return "\n".join(lines) + "\n"
 
 
+def shown_commands(args, runs):
+    """The commands as a reader would repeat them: without the temporary metrics files,
+    with paths relative to the working directory, after the variables they ran with.
+    `runs`: (whether it is the PyTorch side, command) each."""
+    return [[f"{k}={v}" for k, v in isa_env(args, pytorch).items()] + [relative(a) for a in c[:-2]]
+            for pytorch, c in runs]
+
+
+def emit(args, report, shown, ours, record):
+    """Prints the report, writes --out, and appends `record` (with the fields every
+    comparison has) to --json."""
+    print(report, end="")
+    if args.out:
+        Path(args.out).write_text(report)
+    if args.json:
+        record = {"isa": args.isa, "device": args.device, "ranks": args.ranks, "batch_size": args.batch_size,
+                  "epochs": args.epochs, "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
+                  "data": args.data, "date": datetime.date.today().isoformat(), "machine": machine(args),
+                  "commands": [shlex.join(c) for c in shown], "mnist_mt": {"summary": summary(ours), "epochs": ours},
+                  **record}
+        with open(args.json, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
 def main_pypi(args):
     """--against pypi: mnist_mt, then recipe.py in both layouts; the better one is compared."""
     from time_to_accuracy import torch_python  # installs the PyPI build into bench/.venv-torch once
@@ -229,22 +253,11 @@ def main_pypi(args):
     best = max(sides, key=lambda side: summary(side[2])["images_per_s"])
     others = "; ".join(f"{name} {summary(records)['images_per_s']:.1f} images/s" for name, _, records in sides)
     other = f"PyTorch {version} (PyPI), {best[0]}\nPyTorch's layouts: {others}; the better is compared."
-    shown = [[f"{k}={v}" for k, v in isa_env(args, template).items()] + [relative(a) for a in c[:-2]]
-             for template, c in [(False, ours_cmd)] + [(True, cmd) for _, cmd, _ in sides]]
-    report = table(args, ours, best[2], shown, other)
-    print(report, end="")
-    if args.out:
-        Path(args.out).write_text(report)
-    if args.json:
-        record = {"isa": args.isa, "device": args.device, "ranks": args.ranks, "batch_size": args.batch_size,
-                  "epochs": args.epochs, "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
-                  "data": args.data, "date": datetime.date.today().isoformat(), "machine": machine(args),
-                  "commands": [shlex.join(c) for c in shown], "torch_version": version,
-                  "mnist_mt": {"summary": summary(ours), "epochs": ours},
-                  "pytorch": {name: {"summary": summary(records), "epochs": records} for name, _, records in sides},
-                  "pytorch_best": best[0]}
-        with open(args.json, "a") as f:
-            f.write(json.dumps(record) + "\n")
+    shown = shown_commands(args, [(False, ours_cmd)] + [(True, cmd) for _, cmd, _ in sides])
+    emit(args, table(args, ours, best[2], shown, other), shown, ours,
+         {"torch_version": version,
+          "pytorch": {name: {"summary": summary(records), "epochs": records} for name, _, records in sides},
+          "pytorch_best": best[0]})
 
 
 def main():
@@ -262,23 +275,9 @@ def main():
     if args.device == "cpu" and theirs[-1].get("blas") != "OpenBLAS":
         sys.exit(f"bench/compare.py: the template ran with {theirs[-1].get('blas', 'an unknown BLAS')}, not "
                  "OpenBLAS: point Debian's libblas.so.3 alternative at OpenBLAS")
-    # The commands as a reader would repeat them: without the temporary metrics files,
-    # with paths relative to the working directory, after the variables they ran with.
-    shown = [[f"{k}={v}" for k, v in isa_env(args, template).items()] + [relative(a) for a in c[:-2]]
-             for template, c in ((False, ours_cmd), (True, theirs_cmd))]
-    report = table(args, ours, theirs, shown)
-    print(report, end="")
-    if args.out:
-        Path(args.out).write_text(report)
-    if args.json:
-        record = {"isa": args.isa, "device": args.device, "ranks": args.ranks, "batch_size": args.batch_size,
-                  "epochs": args.epochs, "max_steps": args.max_steps, "lr": args.lr, "momentum": args.momentum,
-                  "seed": args.seed, "data": args.data, "date": datetime.date.today().isoformat(),
-                  "machine": machine(args), "commands": [shlex.join(c) for c in shown],
-                  "mnist_mt": {"summary": summary(ours), "epochs": ours},
-                  "template": {"summary": summary(theirs), "epochs": theirs}}
-        with open(args.json, "a") as f:
-            f.write(json.dumps(record) + "\n")
+    shown = shown_commands(args, [(False, ours_cmd), (True, theirs_cmd)])
+    emit(args, table(args, ours, theirs, shown), shown, ours,
+         {"max_steps": args.max_steps, "template": {"summary": summary(theirs), "epochs": theirs}})
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #include "batched_matmul.hpp"
 #include "mnist_mt/model.hpp"
 #include "plan_builder.hpp"
+#include "winograd.hpp"
 
 namespace mnist_mt::cpu {
 namespace {
@@ -15,9 +16,6 @@ constexpr std::uint32_t kMaxChunk = 1;  // images: 144 tiles; chunks of 2 and 4 
 constexpr std::size_t kInImage = kConv1Channels * kConv1Side * kConv1Side;
 constexpr std::size_t kOutImage = kConv2Channels * kConv2Side * kConv2Side;
 
-// Floats from one position's matrix to the next, padded by a cache line (winograd.hpp).
-constexpr std::size_t plane(std::size_t tiles, std::size_t channels) { return tiles * channels + 16; }
-
 }  // namespace
 
 // Measured on AVX2 (batch 64: 8.1 ms against oneDNN's direct 12.5 ms); on AVX-512
@@ -27,8 +25,8 @@ bool own_conv2_forward(Isa isa) { return isa == Isa::kAvx2; }
 Conv2WinogradForward::Conv2WinogradForward(const dnnl::engine& engine, std::uint32_t batch, Isa isa)
     : kernels_(winograd_f2_kernels(isa)), batch_(batch), chunk_(chunk_for(batch, kMaxChunk)) {
   const Dim t = Dim{kWinoF2Tiles} * chunk_;
-  plane_v_ = plane(static_cast<std::size_t>(t), kIc);
-  plane_m_ = plane(static_cast<std::size_t>(t), kOc);
+  plane_v_ = wino_plane(static_cast<std::size_t>(t), kIc);  // winograd.hpp's padding
+  plane_m_ = wino_plane(static_cast<std::size_t>(t), kOc);
   u_ = aligned_zeros<float>(kXi * kIc * kOc);
   v_ = aligned_zeros<float>(kXi * plane_v_);
   m_ = aligned_zeros<float>(kXi * plane_m_);
