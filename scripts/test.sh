@@ -100,9 +100,11 @@ sanitizer="--buildtype=custom -Ddebug=false -Dcpp_args=-g1 -Dcuda=disabled -Dmpi
 suite build-asan "$sanitizer -Doptimization=g -Db_sanitize=address,undefined" \
   "--timeout-multiplier 4 --no-suite python --no-suite repeated"
 # The tests whose code runs on several threads at once, in process.
-concurrent=(test_stream test_communicator test_local_group test_local_group_x100 test_loader test_trainer)
-binaries=()  # what those run (test_local_group_x100 is test_local_group again)
-for t in "${concurrent[@]}"; do [[ $t == *_x100 ]] || binaries+=("tests/$t"); done
+concurrent=(test_stream test_communicator test_local_group test_local_group_x50_1 test_local_group_x50_2 test_loader
+            test_trainer test_trainer_ranks)
+# What those run: test_local_group_x50_* are test_local_group again, test_trainer_ranks a
+# part of test_trainer.
+binaries=(tests/test_stream tests/test_communicator tests/test_local_group tests/test_loader tests/test_trainer)
 suite build-tsan "$sanitizer -Doptimization=2 -Db_sanitize=thread" "--timeout-multiplier 6 ${concurrent[*]}" \
   "${binaries[@]}"
 
