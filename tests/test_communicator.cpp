@@ -211,6 +211,30 @@ TEST(Communicator, AllreduceFromOneHostThreadPerRank) {
   EXPECT_EQ(wrong, std::vector<long>(kWorld, 0));
 }
 
+// Every rank's chunk, in rank order, on every rank; `mine` left as it was.
+TEST(Communicator, AllgatherGivesEveryRankEveryChunkInRankOrder) {
+  for (int world : {1, 2, 3, 4}) {
+    Group g(world);
+    const std::size_t count = 10'001;
+    auto mine = random_buffers(world, count, 7);
+    const auto before = mine;
+    std::vector<std::vector<float>> all(static_cast<std::size_t>(world),
+                                        std::vector<float>(count * static_cast<std::size_t>(world), -1.0f));
+    for (int r = 0; r < world; ++r) g.comms[r]->allgather(mine[r].data(), all[r].data(), count);
+    g.synchronize();
+    std::vector<float> expected;
+    for (const auto& m : mine) expected.insert(expected.end(), m.begin(), m.end());
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(bitwise_equal(all[r], expected)) << world << " ranks, rank " << r;
+      EXPECT_TRUE(bitwise_equal(mine[r], before[r])) << world << " ranks, rank " << r;
+    }
+  }
+  Group sharded(2, {2, 1});  // ranks of several shards gather nothing: every rank fails alike
+  std::vector<float> a(4), b(8);
+  for (int r = 0; r < 2; ++r) sharded.comms[r]->allgather(a.data(), b.data(), 4);
+  EXPECT_THROW(sharded.synchronize(), std::exception);
+}
+
 TEST(Communicator, BroadcastCopiesRootToEveryRank) {
   for (int world : {1, 2, 4}) {
     for (int root = 0; root < world; ++root) {

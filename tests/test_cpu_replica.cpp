@@ -424,6 +424,54 @@ TEST_F(ReplicaTest, StepCallsReturnWithoutWaitingForTheDevice) {
   EXPECT_EQ(order, (std::vector<int>{kFc2, kFc1, kConv2, kConv1}));
 }
 
+// --exchange factors: fc1's gradients from gathered factors are the bits backward computes
+// over the same rows. A replica of a world of 2 given 8 rows (each rank's G is twice the
+// 8-row batch's, its loss averaged over 4) forms 1 x 8's fc1 gradients exactly.
+TEST_F(ReplicaTest, Fc1GradientsFromFactorsAreBackwardsBits) {
+  const auto params = initial_parameters(6);
+  const DropoutKey key{3, 0};
+  const Batch batch = random_batch(8, 11);
+  const Range fc1 = layer_range(kFc1);
+  const auto fc1_grads = [&](Replica& r) {
+    std::vector<float> g(kParamCount);
+    ReplicaTesting::read_grads(r, g);
+    return std::vector<float>(g.begin() + static_cast<std::ptrdiff_t>(fc1.offset),
+                              g.begin() + static_cast<std::ptrdiff_t>(fc1.offset + fc1.count));
+  };
+  auto plain = make_cpu_replica(device_, 8);
+  plain->write_params(params);
+  plain->set_input(batch);
+  plain->forward(true, key, 8);
+  plain->backward([](int) {});
+  const std::vector<float> expected = fc1_grads(*plain);
+
+  auto one = make_cpu_replica(device_, 8);  // a world of 1: its own factors
+  one->exchange_factors(1);
+  one->prepare(std::vector<std::uint32_t>{8});
+  one->write_params(params);
+  one->set_input(batch);
+  one->forward(true, key, 8);
+  int reported = 0;
+  one->backward([&](int layer) { reported += layer == kFc1; });
+  EXPECT_EQ(reported, 1);  // fc1 still reported, for the allgather of G
+  one->grad_norm();        // the device done with the step: its factors are readable
+  const Replica::Factors f = one->factors();
+  ASSERT_NE(f.input, nullptr);
+  std::copy_n(f.input, 8 * kFlat, f.all_inputs);
+  std::copy_n(f.output_grad, 8 * kHidden, f.all_output_grads);
+  one->grads_from_factors(8);
+  EXPECT_EQ(fc1_grads(*one), expected);
+
+  auto half = make_cpu_replica(device_, 4);  // a rank of 2 x 4, given both ranks' factors
+  half->exchange_factors(2);
+  const Replica::Factors h = half->factors();
+  std::copy_n(f.input, 8 * kFlat, h.all_inputs);
+  for (std::size_t i = 0; i < 8 * kHidden; ++i) h.all_output_grads[i] = 2.0f * f.output_grad[i];
+  half->grads_from_factors(8);
+  EXPECT_EQ(fc1_grads(*half), expected);
+  EXPECT_THROW(half->grads_from_factors(9), RuntimeFailure);  // more rows than 2 x 4
+}
+
 // Gradients are overwritten by each backward, never accumulated.
 TEST_F(ReplicaTest, BackwardOverwritesGradients) {
   const auto params = initial_parameters(4);

@@ -345,6 +345,7 @@ TEST(Trainer, RanksSharingADeviceTrainWhatSeparateDevicesDo) {
     SCOPED_TRACE(mode == Mode::kDp ? "dp" : "ddp");
     TrainConfig c = config_for(2, 8);
     c.mode = mode;
+    c.exchange = Exchange::kGradients;  // ranks sharing a device cannot exchange fc1's factors
     const TrainResult separate = run(c);
     c.devices = {0, 0};
     const TrainResult shared = run(c);
@@ -356,6 +357,7 @@ TEST(Trainer, RanksSharingADeviceTrainWhatSeparateDevicesDo) {
       f.devices = std::move(devices);
       f.max_steps = 5;
       f.bucket_mb = 0.001;  // a bucket per layer, each overlapping the rest of backward
+      f.exchange = Exchange::kGradients;
       return run(f).params;
     };
     const std::vector<float> one = five_steps({0}, 64);
@@ -408,6 +410,72 @@ TEST(Trainer, ATargetAccuracyStopsTheRunWhereItIsReached) {
     }
   }
   std::filesystem::remove(path);
+}
+
+// --exchange factors: every rank forms fc1's weight gradient over the world's rows, in
+// world order, with the product 1 rank of the global batch computes (bit for bit from the
+// same rows: test_cpu_replica's Fc1GradientsFromFactorsAreBackwardsBits). The rows
+// themselves are not: oneDNN's forward of a batch of 4 and of 8 rounds otherwise, so
+// 2 x 4 and 1 x 8 agree within rounding. Factors and the gradients' allreduce agree
+// within 1e-6 after 5 steps, and factors repeat bit for bit.
+TEST(Trainer, FactorExchangeFormsTheGlobalBatchsFc1Gradient) {
+  TrainConfig c = config_for(2, 4);
+  c.max_steps = 1;
+  c.exchange = Exchange::kFactors;
+  const TrainResult factors = run(c);
+  TrainConfig one = config_for(1, 8);
+  one.max_steps = 1;
+  one.exchange = Exchange::kGradients;
+  const TrainResult single = run(one);
+  const Range fc1 = layer_range(kFc1);
+  const auto fc1_of = [&](const std::vector<float>& p) {
+    return std::vector<float>(p.begin() + static_cast<std::ptrdiff_t>(fc1.offset),
+                              p.begin() + static_cast<std::ptrdiff_t>(fc1.offset + fc1.count));
+  };
+  EXPECT_LE(relative_difference(factors.params, single.params), 1e-6);
+  EXPECT_NE(fc1_of(factors.params), fc1_of(initial_params()));  // the step moved fc1
+  // The bytes each rank sends: fc1's factors instead of its 1.18 M gradients.
+  ASSERT_EQ(factors.epochs.size(), 1u);
+  ASSERT_TRUE(factors.epochs[0].bytes_sent_per_step.has_value());
+  EXPECT_TRUE(factors.epochs[0].fc1_factors);
+  EXPECT_EQ((*factors.epochs[0].bytes_sent_per_step)[kFc1], 4.0 * (128 + 9216) * sizeof(float));
+  EXPECT_EQ((*factors.epochs[0].bytes_sent_per_step)[kConv2], double(layer_range(kConv2).count * sizeof(float)));
+
+  for (int world : {2, 3}) {
+    c = config_for(world, 4);
+    c.max_steps = 5;
+    c.exchange = Exchange::kFactors;
+    const TrainResult f = run(c);
+    c.exchange = Exchange::kGradients;
+    const TrainResult g = run(c);
+    EXPECT_FALSE(g.epochs[0].fc1_factors);
+    EXPECT_EQ((*g.epochs[0].bytes_sent_per_step)[kFc1], 2.0 * (world - 1) / world * fc1.count * sizeof(float));
+    EXPECT_LE(relative_difference(f.params, g.params), 1e-6) << world << " ranks";
+    EXPECT_GT(relative_difference(g.params, initial_params()), 1e-4);
+    // And bit for bit from one run to the next.
+    c.exchange = Exchange::kFactors;
+    EXPECT_EQ(run(c).params, f.params) << world << " ranks";
+  }
+}
+
+// Where factors cannot run, asking for them is refused naming --exchange; auto falls back.
+TEST(Trainer, FactorsWhereTheyCannotRunAreRefused) {
+  TrainConfig c = config_for(2, 4);
+  c.max_steps = 1;
+  c.exchange = Exchange::kFactors;
+  c.mode = Mode::kDp;
+  try {
+    run(c);
+    ADD_FAILURE() << "--mode dp exchanged factors";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.input(), "exchange") << e.what();
+    EXPECT_NE(std::string(e.what()).find("--mode dp"), std::string::npos) << e.what();
+  }
+  c.mode = Mode::kDdp;
+  c.devices = {0, 0};  // ranks sharing a device
+  EXPECT_THROW(run(c), InputError);
+  c.exchange = Exchange::kAuto;
+  EXPECT_FALSE(run(c).epochs[0].fc1_factors);
 }
 
 TEST(Trainer, BadConfigIsAnInputError) {

@@ -44,6 +44,9 @@ class Backend {
   // Communicator::allreduce_shards, Replica::keep_grads): CPU devices, whose allreduce
   // adds in rank order.
   virtual bool sums_shards() const { return false; }
+  // Whether its replicas and communicators exchange fc1's factors (Replica::exchange_factors,
+  // Communicator::allgather).
+  virtual bool exchanges_factors() const { return false; }
   // Bracket collectives for several ranks issued from one thread (ncclGroupStart/End).
   virtual void group_start() {}
   virtual void group_end() {}

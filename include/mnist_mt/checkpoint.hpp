@@ -30,6 +30,9 @@ struct Checkpoint {
   // devices, in one process or with a rank a process), so that a run of fewer ranks can
   // repeat its sums bit for bit.
   bool shard_order = false;
+  // Whether fc1's weight gradient was formed from every rank's factors
+  // (TrainConfig::exchange) rather than summed.
+  bool fc1_factors = false;
   std::uint64_t global_batch() const { return std::uint64_t{world} * batch; }
 };
 

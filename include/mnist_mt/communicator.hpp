@@ -40,6 +40,12 @@ class Communicator {
   // place in root's `data`. Root's own chunk stays where it is.
   virtual void scatter(float* data, std::span<const std::size_t> counts, int root) = 0;
   virtual void gather(float* data, std::span<const std::size_t> counts, int root) = 0;
+  // Every rank's `count` floats of `mine`, in world rank order, into each rank's `all`
+  // (count x size() floats; not overlapping `mine`). Communicators that gather nothing
+  // this way (all but the CPU's, for now) throw.
+  virtual void allgather(const float* /*mine*/, float* /*all*/, std::size_t /*count*/) {
+    throw RuntimeFailure("this communicator has no allgather (--exchange factors runs on CPU devices)");
+  }
   virtual void barrier() = 0;
   // Host values, synchronous: returns after every rank's values are summed into `data`.
   virtual void allreduce_host(std::span<double> data) = 0;

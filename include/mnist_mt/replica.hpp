@@ -119,6 +119,30 @@ class Replica {
   virtual float* keep_grads(std::size_t /*slot*/) {
     throw RuntimeFailure("this replica keeps no gradients of several shards");
   }
+  // --exchange factors (docs/distributed.md): fc1's weight gradient summed over the ranks
+  // is the sum of G_r^T X_r, G_r the gradient at fc1's output and X_r fc1's input on rank
+  // r, so the ranks exchange those factors and each forms the product over the world's
+  // rows. From this call on, backward() leaves fc1's weight and bias gradients unwritten
+  // (grads_ready(kFc1) still comes), and the replica holds buffers of `world` x
+  // max_batch() rows for every rank's factors. Before prepare(). Replicas without it throw.
+  virtual void exchange_factors(int /*world*/) {
+    throw RuntimeFailure("this replica does not exchange fc1's factors (--exchange factors runs on CPU devices)");
+  }
+  // Device buffers, after exchange_factors(): this replica's factors, X after the last
+  // forward() (rows x kFlat floats) and G after backward() has reported kFc1 (rows x
+  // kHidden), and those of every rank, which an allgather fills (world x max_batch() rows).
+  struct Factors {
+    const float* input = nullptr;
+    const float* output_grad = nullptr;
+    float* all_inputs = nullptr;
+    float* all_output_grads = nullptr;
+  };
+  virtual Factors factors() { return {}; }
+  // Enqueues fc1's weight and bias gradients, into grads(), from the first `rows` rows of
+  // the gathered factors, averaged over the world: the product fc1's backward computes
+  // for a batch of `rows` (so 1 rank x `rows` gives the same bits when the world is a
+  // power of two), divided by the world.
+  virtual void grads_from_factors(std::uint32_t /*rows*/) {}
   // One step of the optimizer (optimizer.hpp) from grads(), with options.lr and the
   // momentum (SGD) or beta1 (Adam) of this update: a schedule passes with_values().
   virtual void update(const OptimizerOptions& options) = 0;

@@ -2,6 +2,7 @@
 // Data-parallel training over a backend's devices: DDP (a worker thread per device,
 // bucketed allreduce overlapping backward) or the DataParallel-style baseline (one host
 // thread drives every device). docs/architecture.md decisions 7, 8, 12, 16.
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
@@ -22,6 +23,13 @@
 namespace mnist_mt {
 
 enum class Mode { kDdp, kDp };
+
+// How DDP's ranks combine fc1's weight gradient (docs/distributed.md): an allreduce of
+// the gradient, or an allgather of every rank's factors (the gradient at fc1's output and
+// its input, B x 9344 floats a rank) from which each rank forms the world's product.
+// kAuto takes factors where they move fewer bytes and the product costs less than the
+// allreduce saves (exchange_rule in src/train/exchange.cpp).
+enum class Exchange { kAuto, kGradients, kFactors };
 
 
 // What a step whose loss or gradient norm is not finite does: stop fails the run naming
@@ -87,6 +95,7 @@ struct TrainConfig {
   std::uint32_t eval_every = 0;
   std::uint64_t seed = 1;
   double bucket_mb = 25.0;         // cap of every bucket but the first (which is min(1 MB, cap))
+  Exchange exchange = Exchange::kGradients;
   std::optional<std::filesystem::path> load;
   std::optional<std::filesystem::path> save;
   std::uint32_t save_every = 0;    // also save every this many global steps (0: epoch ends only)
@@ -144,6 +153,12 @@ struct EpochMetrics {
   std::optional<double> time_to_target_s;
   std::optional<double> target_eval_seconds;
   std::optional<std::uint64_t> target_step;
+  // --mode ddp: how fc1's gradient was exchanged, and the bytes each rank sends per step
+  // for each layer (conv1, conv2, fc1, fc2) by a ring's count: an allreduce of C floats
+  // among W ranks 2(W-1)/W x C x 4, an allgather of C floats a rank (W-1) x C x 4. The
+  // CPU's in-process group moves as much through shared memory.
+  bool fc1_factors = false;
+  std::optional<std::array<double, 4>> bytes_sent_per_step;
 };
 
 struct Interruption {  // a run stopped by StopRequest::stop

@@ -23,6 +23,7 @@ struct TrainFlags {
   std::int64_t eval_every = 0;
   std::uint64_t seed = 1;
   double bucket_mb = 25.0;
+  std::string exchange = "gradients";
   std::optional<std::string> save;
   std::int64_t save_every = 0;
   std::int64_t keep = 1;

@@ -121,6 +121,11 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--bucket-mb", f.bucket_mb, "Gradient bucket cap in MiB (the first bucket: at most 1 MiB)")
       ->check(real_number(true))
       ->capture_default_str();
+  app.add_option("--exchange", f.exchange,
+                 "How the ranks combine fc1's weight gradient: gradients (an allreduce), factors (an allgather of each "
+                 "rank's B x 9344 factors; CPU devices, --mode ddp) or auto (factors at small batches)")
+      ->check(CLI::IsMember({"auto", "gradients", "factors"}))
+      ->capture_default_str();
   add_data_flags(app, f.data);
   app.add_option("--save", f.save, "Write a safetensors checkpoint there after each epoch and on SIGINT/SIGTERM");
   app.add_option("--save-every", f.save_every, "Also save every this many steps (0: at epoch ends only)")

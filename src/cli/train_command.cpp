@@ -63,7 +63,7 @@ const FlagNames kTrainFlags = {
     {"optimizer.betas", "--betas"}, {"optimizer.eps", "--eps"}, {"optimizer.rho", "--rho"},
     {"schedule.warmup", "--warmup"}, {"schedule.step_epochs", "--lr-step"}, {"schedule.gamma", "--gamma"},
     {"schedule", "--lr-schedule"},  {"target_accuracy", "--target-accuracy"}, {"eval_every", "--eval-every"},
-    {"bucket_mb", "--bucket-mb"}, {"timeout_s", "--timeout"},
+    {"bucket_mb", "--bucket-mb"}, {"timeout_s", "--timeout"}, {"exchange", "--exchange"},
     {"keep", "--keep"},             {"save_every", "--save-every"}, {"save", "--save"},
     {"metrics", "--metrics"},       {"load", "--load"},         {"fault", "--inject-fault"},
     {"stall", "--inject-stall"},    {"nan", "--inject-nan"},    {"trace", "--trace"},
@@ -153,6 +153,8 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   config.eval_every = count_flag(f.eval_every, 0, "--eval-every");
   config.seed = f.seed;
   config.bucket_mb = f.bucket_mb;
+  config.exchange = f.exchange == "factors" ? Exchange::kFactors : f.exchange == "gradients" ? Exchange::kGradients
+                                                                                           : Exchange::kAuto;
   config.max_steps = count_flag(f.max_steps, 0, "--max-steps");
   if (f.save) config.save = *f.save;
   if (f.load) config.load = *f.load;

@@ -44,6 +44,7 @@ class CpuBackend final : public Backend {
   }
 
   bool sums_shards() const override { return true; }
+  bool exchanges_factors() const override { return true; }
   std::unique_ptr<Replica> make_replica(Device& device, std::uint32_t max_batch) override {
     return cpu::make_cpu_replica(cpu_device(device), max_batch);
   }

@@ -46,6 +46,9 @@ class CpuCommunicator final : public Communicator {
       g->gather(r, data, c, root);
     });
   }
+  void allgather(const float* mine, float* all, std::size_t count) override {
+    enqueue([g = group_, r = rank_, mine, all, count] { g->allgather(r, mine, all, count); });
+  }
   void barrier() override {
     enqueue([g = group_, r = rank_] { g->world_barrier(r); });
   }

@@ -43,6 +43,7 @@ HostGroup::HostGroup(int size, std::shared_ptr<Processes> processes, std::vector
       processes_(std::move(processes)),
       buffers_(size),
       host_buffers_(size),
+      sources_(size),
       squares_(size),
       first_part_(static_cast<std::size_t>(size) + 1, 0) {
   if (!shards.empty() && shards.size() != static_cast<std::size_t>(size))
@@ -219,6 +220,35 @@ double HostGroup::reduce(int rank, float* data, std::size_t count, ReduceOp op, 
     }
   });
   return total;
+}
+
+// Within a process each rank copies every peer's chunk. Across processes the ranks copy
+// theirs into rank 0's `all` at their world place, rank 0 exchanges the process's block
+// with every other process, and the others copy rank 0's result.
+void HostGroup::allgather(int rank, const float* mine, float* all, std::size_t count) {
+  if (parts_.size() != static_cast<std::size_t>(size_))
+    throw RuntimeFailure("an allgather in a group whose ranks compute several shards");
+  collective([&] {
+    sources_[rank] = mine;
+    buffers_[rank] = all;
+    barrier();
+    if (!across()) {
+      for (int s = 0; s < size_; ++s) copy(all + count * static_cast<std::size_t>(s), sources_[s], count);
+      barrier();  // no rank reuses its `mine` while a peer still reads it
+      return;
+    }
+    const std::size_t block = count * static_cast<std::size_t>(size_);
+    float* mine_in_all = buffers_[0] + block * static_cast<std::size_t>(processes_->index());
+    copy(mine_in_all + count * static_cast<std::size_t>(rank), mine, count);
+    barrier();
+    if (rank == 0) {
+      from_every_process(static_cast<const float*>(mine_in_all), block, exchanged_);
+      copy(all, exchanged_.data(), exchanged_.size());
+    }
+    barrier();
+    if (rank != 0) copy(all, buffers_[0], block * static_cast<std::size_t>(processes_->count()));
+    barrier();  // rank 0 writes its `all` again only after every peer has read it
+  });
 }
 
 namespace {

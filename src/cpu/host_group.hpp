@@ -60,6 +60,9 @@ class HostGroup {
   // Communicator::scatter and gather: root's buffer holds every rank's chunk in rank order.
   void scatter(int rank, float* data, std::span<const std::size_t> counts, int root);
   void gather(int rank, float* data, std::span<const std::size_t> counts, int root);
+  // Every rank's `count` floats of `mine` into each rank's `all`, in world rank order;
+  // across processes each process's rank 0 exchanges its ranks' block. Not with shards.
+  void allgather(int rank, const float* mine, float* all, std::size_t count);
   // Few values: every rank sums all of them, in rank order.
   void allreduce_host(int rank, std::span<double> data);
 
@@ -93,6 +96,7 @@ class HostGroup {
   // between the first barrier and the last.
   std::vector<float*> buffers_;
   std::vector<const double*> host_buffers_;
+  std::vector<const float*> sources_;  // allgather: each rank's `mine`, likewise
   std::vector<double> squares_;  // allreduce: each rank's chunk's sum of squares, likewise
   // allreduce(): rank r's parts at parts_[first_part_[r] .. first_part_[r + 1]), in their
   // order, likewise; its result goes to buffers_[r], the last of them. A rank each when

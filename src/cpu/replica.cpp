@@ -15,7 +15,6 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <functional>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,7 +24,7 @@
 #include "kernels.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
-#include "plan.hpp"
+#include "plan_cache.hpp"
 #include "pool.hpp"
 #include "step_stats.hpp"
 
@@ -47,7 +46,7 @@ class CpuReplicaImpl final : public CpuReplica {
       engine_ = dnnl::engine(dnnl::engine::kind::cpu, 0);
       stream_ = dnnl::stream(engine_);
     });
-    plan_for(max_batch);
+    plans_.batch(max_batch);
   }
 
   ~CpuReplicaImpl() override {
@@ -69,9 +68,22 @@ class CpuReplicaImpl final : public CpuReplica {
       if (n == 0 || n > max_batch_)
         throw RuntimeFailure(device_.name() + ": prepare for a batch of " + std::to_string(n) + ", replica holds 1.." +
                              std::to_string(max_batch_));
-      plan_for(n);
+      plans_.batch(n);
+      if (const Fc1Factors* f = plans_.factors()) plans_.factor_product(n * static_cast<std::uint32_t>(f->world()));
     }
     take_stats();
+  }
+
+  void exchange_factors(int world) override { plans_.exchange_factors(world); }
+  Factors factors() override {
+    Fc1Factors* f = plans_.factors();
+    if (f == nullptr) return {};
+    return {buffers_.flat.get(), buffers_.d_hidden.get(), f->inputs(), f->output_grads()};
+  }
+  void grads_from_factors(std::uint32_t rows) override {
+    const Plan* plan = &plans_.factor_product(rows);
+    device_.compute().enqueue(
+        [this, plan] { timed(kFc1BackwardWeights, [&] { plans_.factors()->run(*plan, stream_); }); });
   }
   float* params() override { return params_.get(); }
   float* grads() override { return grads_.get(); }
@@ -152,7 +164,7 @@ class CpuReplicaImpl final : public CpuReplica {
       timed(kFc2BackwardData, [&] { run(plan->fc2_backward_data, stream_); });
       timed(kDropout2Backward,
             [&] { relu_dropout_backward(buffers_.hidden.get(), scale1_, n * kHidden, buffers_.d_hidden.get()); });
-      timed(kFc1BackwardWeights, [&] { run(plan->fc1_backward_weights, stream_); });
+      if (plans_.factors() == nullptr) timed(kFc1BackwardWeights, [&] { run(plan->fc1_backward_weights, stream_); });
     });
     grads_ready(kFc1);
     compute.enqueue([this, plan] {
@@ -243,7 +255,7 @@ class CpuReplicaImpl final : public CpuReplica {
   }
 
   std::vector<KernelInfo> kernels(std::uint32_t batch) override {
-    const Plan& plan = plan_for(batch);
+    const Plan& plan = plans_.batch(batch);
     std::vector<KernelInfo> out;
     for (int op = 0; op < kOpCount; ++op) out.push_back({kOpNames[op], plan.impl[op]});
     return out;
@@ -263,27 +275,8 @@ class CpuReplicaImpl final : public CpuReplica {
  private:
   Plan* current_plan() {
     if (rows_ == 0) throw RuntimeFailure(device_.name() + ": replica used before set_input");
-    if (plan_ == nullptr) plan_ = &plan_for(rows_);
+    if (plan_ == nullptr) plan_ = &plans_.batch(rows_);
     return plan_;
-  }
-
-  // Plans are built on the compute thread: oneDNN picks its kernels for the thread count
-  // of the thread that creates them.
-  Plan& plan_for(std::uint32_t batch) {
-    auto it = plans_.find(batch);
-    if (it != plans_.end()) return *it->second;
-    std::unique_ptr<Plan> plan;
-    run_sync([&] {
-      try {
-        plan = build_plan(engine_, batch, isa_, buffers_, params_.get(), grads_.get());
-      } catch (const dnnl::error& e) {
-        throw RuntimeFailure(device_.name() + ": oneDNN, plan for batch " + std::to_string(batch) + ": " + e.what());
-      } catch (const RuntimeFailure& e) {  // names the operation (step.hpp's planned)
-        throw RuntimeFailure(device_.name() + ": plan for batch " + std::to_string(batch) + ": " + e.what());
-      }
-    });
-    warn_if_reference(*plan, device_.name());
-    return *plans_.emplace(batch, std::move(plan)).first->second;
   }
 
   // Compute thread: the optimizer's update, and the stats of the forward passes since the
@@ -372,7 +365,7 @@ class CpuReplicaImpl final : public CpuReplica {
   Aligned<float> params_, grads_;
   Aligned<float> state_[2];  // the optimizer's buffers (OptimizerState::first, second)
   Buffers buffers_;
-  std::map<std::uint32_t, std::unique_ptr<Plan>> plans_;
+  PlanCache plans_{device_, engine_, isa_, buffers_, params_.get(), grads_.get()};
 
   // Host side: the rows of the last input, those that have labels, those the next
   // forward and backward use and their plan (null until first used); the staging copy.

@@ -86,6 +86,7 @@ std::string header_text(const Checkpoint& c) {
     header["__metadata__"]["batch"] = std::to_string(c.batch);
   }
   if (c.shard_order) header["__metadata__"]["sum_order"] = "shards";
+  if (c.fc1_factors) header["__metadata__"]["fc1_exchange"] = "factors";
   header["__metadata__"]["optimizer"] = std::string(optimizer_name(c.optimizer));
   if (has_state(c)) header["__metadata__"]["optimizer_step"] = std::to_string(c.state.applied);
   std::uint64_t offset = 0;
@@ -299,6 +300,10 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
   if (const auto order = metadata->find("sum_order"); order != metadata->end()) {
     if (*order != "shards") fail(path, "metadata 'sum_order' is " + order->dump() + ", not \"shards\"");
     checkpoint.shard_order = true;
+  }
+  if (const auto exchange = metadata->find("fc1_exchange"); exchange != metadata->end()) {
+    if (*exchange != "factors") fail(path, "metadata 'fc1_exchange' is " + exchange->dump() + ", not \"factors\"");
+    checkpoint.fc1_factors = true;
   }
   if (with_state) {
     // Version 1 kept no count: its SGD buffer had started once a step was taken.

@@ -6,13 +6,17 @@
 
 namespace mnist_mt {
 
-std::vector<Bucket> make_buckets(double bucket_mb) {
+std::vector<Bucket> make_buckets(double bucket_mb, int left_out) {
   constexpr double kMiB = 1024.0 * 1024.0;
   double cap = std::min(1.0, bucket_mb) * kMiB;
   std::vector<Bucket> buckets;
   bool open = false;
   for (int layer = kLayers - 1; layer >= 0; --layer) {
     const Range range = layer_range(layer);
+    if (layer == left_out) {
+      open = false;
+      continue;
+    }
     if (!open) buckets.push_back({range.offset, 0, layer});
     Bucket& b = buckets.back();
     b.offset = range.offset;  // layers are contiguous, so the bucket grows downwards

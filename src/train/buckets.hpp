@@ -15,6 +15,8 @@ struct Bucket {
 
 // PyTorch's assignment: layers from fc2 down to conv1 join the open bucket until it
 // holds at least its cap; the first cap is min(1 MiB, bucket_mb), the others bucket_mb.
-std::vector<Bucket> make_buckets(double bucket_mb);
+// A layer `left_out` (fc1 when its factors are exchanged) joins none, and closes the
+// bucket before it.
+std::vector<Bucket> make_buckets(double bucket_mb, int left_out = -1);
 
 }  // namespace mnist_mt

@@ -41,7 +41,8 @@ class DdpWorker {
         rank_(rank),
         device_(run.device(rank)),
         comm_(run.comm(rank)),
-        buckets_(make_buckets(run.config().bucket_mb)),
+        factors_(run.factors()),
+        buckets_(make_buckets(run.config().bucket_mb, factors_ ? kFc1 : -1)),
         step_(run.start().step),
         timer_(device_, rank, run.trace()),
         graphs_(device_, comm_),
@@ -55,6 +56,7 @@ class DdpWorker {
     try {
       device_.activate();
       replica_ = run_.backend().make_replica(device_, run_.shard_batch());
+      if (factors_) replica_->exchange_factors(run_.world());
       replica_->prepare(run_.batch_sizes(rank_));
       // No rank enters a collective while a peer still sets up (cuDNN's searches,
       // allocations): NCCL's kernels would hold the device while that peer waits for it.
@@ -203,11 +205,22 @@ class DdpWorker {
       rows = batches_[s + 1]->size;
     }
     replica_->forward(true, key, rows);
+    // With factors exchanged (no shards then: exchange.cpp), fc1's input goes to every
+    // rank while backward runs, and the gradient at its output once backward has it.
+    const Replica::Factors factors = factors_ ? replica_->factors() : Replica::Factors{};
+    if (factors_) {
+      device_.comm_wait_compute();
+      comm_.allgather(factors.input, factors.all_inputs, std::size_t{rows} * kFlat);
+    }
     timer_.end_forward();
 
     run_.beat(rank_, step_, Phase::kBackward);
     std::size_t next = 0;
     replica_->backward([&](int layer) {
+      if (factors_ && layer == kFc1) {
+        device_.comm_wait_compute();
+        comm_.allgather(factors.output_grad, factors.all_output_grads, std::size_t{rows} * kHidden);
+      }
       if (next < buckets_.size() && buckets_[next].ready_layer == layer) {
         device_.comm_wait_compute();
         timer_.begin_allreduce();
@@ -223,6 +236,8 @@ class DdpWorker {
     run_.beat(rank_, step_, Phase::kOptimizer);
     device_.compute_wait_comm();
     timer_.end_comm_wait();
+    // fc1's gradients over the world's rows (every rank's batch has `rows`: drop_last).
+    if (factors_) replica_->grads_from_factors(rows * static_cast<std::uint32_t>(run_.world()));
     // Every rank's gradients reach every replica: a non-finite loss or norm anywhere
     // would be a non-finite model everywhere, so the device drops the update itself.
     replica_->guarded_update(update_, guard_);
@@ -271,6 +286,7 @@ class DdpWorker {
   const int rank_;
   Device& device_;
   Communicator& comm_;
+  const bool factors_;  // fc1's factors exchanged instead of its gradient (Run::factors)
   const std::vector<Bucket> buckets_;
   std::uint64_t step_;  // global: optimizer steps taken
   std::unique_ptr<Replica> replica_;

@@ -47,6 +47,10 @@ void MetricsFile::write(const EpochMetrics& m) {
       {"eval_seconds", m.eval_seconds},
   };
   nlohmann::ordered_json out = line;
+  if (const auto& bytes = m.bytes_sent_per_step) {
+    out["fc1_exchange"] = m.fc1_factors ? "factors" : "gradients";
+    out["bytes_sent_per_step"] = {{"conv1", (*bytes)[0]}, {"conv2", (*bytes)[1]}, {"fc1", (*bytes)[2]}, {"fc2", (*bytes)[3]}};
+  }
   if (m.time_to_target_s) {
     out["time_to_target_s"] = *m.time_to_target_s;
     out["target_eval_seconds"] = *m.target_eval_seconds;

@@ -55,6 +55,7 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
       place_(place_of(config)),
       start_(starting_point(config, data, place_.world)),
       layout_(layout_of(config, place_, start_, backend)),
+      factors_(exchanges_factors(config, place_, layout_.shards, backend)),
       devices_(backend.make_devices(config.devices)),
       comms_(communicators(backend, config.devices, devices_, sharded_place())),
       loaders_(data, train_shards(), test_shards(), start_.seed, static_cast<std::uint32_t>(devices_.size())),
@@ -68,6 +69,11 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
   // World rank 0's process writes the files and speaks.
   if (!layout_.note.empty() && config_.progress != nullptr && place_.process() == 0)
     *config_.progress << layout_.note << "\n";
+  if (config_.load && start_.world != 0 && start_.fc1_factors != factors_ && config_.epochs > start_.epoch &&
+      config_.progress != nullptr && place_.process() == 0)
+    *config_.progress << "mnist_mt: resuming a checkpoint whose fc1 gradients were exchanged as "
+                      << (start_.fc1_factors ? "factors" : "gradients") << " with " << (factors_ ? "factors" : "gradients")
+                      << ": fc1's sums rounded otherwise (not bit for bit)\n";
   if (config_.metrics && place_.process() == 0) metrics_.emplace(*config_.metrics, config_.load.has_value());
   if (config_.trace && place_.process() == 0) trace_.emplace(*config_.trace, start_.step, config_.trace_steps);
   Watchdog::Hooks hooks;
@@ -223,6 +229,8 @@ void Run::on_non_finite(Communicator& comm, const NonFiniteStep& step) {
 
 UpdateGuard Run::update_guard(Communicator& comm) const {
   // A worker's replica makes its first guarded update at the run's first step.
+  // With fc1's factors exchanged the communicator's pass misses fc1: the replica sums all.
+  if (factors_) return {start_.step, config_.on_nan == NanPolicy::kStop, {}};
   return {start_.step, config_.on_nan == NanPolicy::kStop, [&comm] { return comm.take_reduced_squares(); }};
 }
 
@@ -279,12 +287,18 @@ void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, 
   checkpoint.seed = start_.seed;
   checkpoint.world = shards();
   checkpoint.batch = shard_batch();
-  checkpoint.shard_order = sums_in_shard_order(config_, place_, backend_);
+  // fc1's product over the world's rows is no sum in shard order.
+  checkpoint.shard_order = sums_in_shard_order(config_, place_, backend_) && !factors_;
+  checkpoint.fc1_factors = factors_;
   saver_.save(path, checkpoint);
 }
 
 void Run::end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step, std::uint32_t epoch_step) {
   m.peak_rss_bytes = peak_rss_bytes();
+  if (config_.mode == Mode::kDdp) {
+    m.fc1_factors = factors_;
+    m.bytes_sent_per_step = bytes_sent_per_step(factors_, config_.batch, place_.world);
+  }
   result_.epochs.push_back(m);
   if (metrics_) metrics_->write(m);
   progress_.end_epoch(m);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "metrics.hpp"
+#include "exchange.hpp"
 #include "failures.hpp"
 #include "fault_injection.hpp"
 #include "mnist_mt/checkpoint.hpp"
@@ -128,6 +129,8 @@ class Run {
   SharedLoaders& loaders() { return loaders_; }
   // The --trace log, or null.
   TraceLog* trace() { return trace_ ? &*trace_ : nullptr; }
+  // Whether the DDP workers exchange fc1's factors instead of its gradient (exchange.hpp).
+  bool factors() const { return factors_; }
 
  private:
   // An epoch's steps, as the training loader makes them (drop_last), before max_steps.
@@ -151,6 +154,7 @@ class Run {
   const Place place_;  // this process's ranks in the world
   const Checkpoint start_;
   const ShardLayout layout_;
+  const bool factors_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::vector<std::unique_ptr<Communicator>> comms_;
   SharedLoaders loaders_;

@@ -1,0 +1,50 @@
+#include "exchange.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "mnist_mt/error.hpp"
+
+namespace mnist_mt {
+
+bool exchanges_factors(const TrainConfig& config, const Place& place, std::uint32_t shards, const Backend& backend) {
+  if (config.exchange == Exchange::kGradients) return false;
+  const bool asked = config.exchange == Exchange::kFactors;
+  std::vector<int> ids = config.devices;
+  std::sort(ids.begin(), ids.end());
+  const char* why = config.mode != Mode::kDdp ? "--mode dp gathers the network's outputs instead"
+                    : !backend.exchanges_factors() ? "only CPU devices exchange them"
+                    : std::adjacent_find(ids.begin(), ids.end()) != ids.end()
+                        ? "ranks sharing a device meet in the local group, which gathers nothing"
+                    : shards != static_cast<std::uint32_t>(place.world)
+                        ? "this resumed run computes several shards a rank"
+                        : nullptr;
+  if (why != nullptr) {
+    if (!asked) return false;
+    throw InputError(std::string("--exchange factors: ") + why + "; use --exchange gradients or auto", "exchange");
+  }
+  return asked || factors_pay(config.batch, place.world);
+}
+
+// Bytes alone favour factors while batch x world < 2 x fc1's parameters / kFactorWidth
+// (252 images): a ring allreduce sends 2(W-1)/W x P floats a rank, the allgather (W-1) x
+// B x kFactorWidth. But each rank then forms fc1's weight product over W x B rows instead
+// of B, and on the CPU's in-process group the allreduce is a pass over shared memory, not
+// a wire: measured on 2 cores (docs/benchmarks.md, --exchange), factors are faster up to a
+// world batch of 32 and slower at 128. So auto takes them for world batches up to 32.
+bool factors_pay(std::uint32_t batch, int world) {
+  return world > 1 && std::uint64_t{batch} * static_cast<std::uint64_t>(world) <= 32;
+}
+
+std::array<double, kLayers> bytes_sent_per_step(bool factors, std::uint32_t batch, int world) {
+  std::array<double, kLayers> bytes{};
+  const double w = world;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    const double count = static_cast<double>(layer_range(layer).count);
+    bytes[static_cast<std::size_t>(layer)] = 2.0 * (w - 1.0) / w * count * sizeof(float);
+  }
+  if (factors) bytes[kFc1] = (w - 1.0) * batch * static_cast<double>(kFactorWidth) * sizeof(float);
+  return bytes;
+}
+
+}  // namespace mnist_mt
