@@ -77,7 +77,8 @@ Split synthetic_split(std::uint32_t size, std::uint32_t seed) {
   return s;
 }
 
-void bench_step(benchmark::State& state, Backend& backend, Mode mode, int world, std::uint32_t batch) {
+void bench_step(benchmark::State& state, Backend& backend, Mode mode, int world, std::uint32_t batch,
+                Exchange exchange = Exchange::kGradients) {
   const std::uint32_t steps = std::max<std::uint32_t>(3, images_per_device(backend) / batch);
   Dataset data{synthetic_split(steps * batch * world, 1), synthetic_split(batch * world, 2)};
   TrainConfig config;
@@ -89,6 +90,7 @@ void bench_step(benchmark::State& state, Backend& backend, Mode mode, int world,
   config.optimizer = {0.01f, 0.9f, 0.0f};
   config.max_steps = steps;
   config.evaluate = false;
+  config.exchange = exchange;
 
   TrainResult result;
   for (auto _ : state) {
@@ -116,6 +118,7 @@ void bench_step(benchmark::State& state, Backend& backend, Mode mode, int world,
   state.counters["bwd_us"] = p.backward * us;
   state.counters["opt_us"] = p.optimizer * us;
   if (mode == Mode::kDdp) state.counters["launch_us"] = p.host_launch * us;  // the host's enqueueing
+  if (m.bytes_sent_per_step) state.counters["fc1_bytes"] = (*m.bytes_sent_per_step)[kFc1];
   if (p.broadcast + p.gather > 0) {  // --mode dp's own phases
     state.counters["bcast_us"] = p.broadcast * us;
     state.counters["gather_us"] = p.gather * us;
@@ -131,6 +134,23 @@ void register_steps(Backend& backend, int max_world, const std::string& label) {
                                  "/devices:" + std::to_string(world) + "/batch:" + std::to_string(batch);
         benchmark::RegisterBenchmark(name.c_str(), [&backend, mode, world, batch](benchmark::State& st) {
           bench_step(st, backend, mode, world, batch);
+        })->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+}
+
+// --exchange: ddp on CPU devices with fc1's gradient allreduced or its factors gathered,
+// at the batches where they differ most, on 2 and 4 ranks (4 share 2 cores here).
+void register_exchanges(Backend& backend) {
+  for (std::uint32_t batch : {1u, 4u, 16u, 64u}) {
+    for (int world : {2, 4}) {
+      for (Exchange exchange : {Exchange::kGradients, Exchange::kFactors}) {
+        const std::string name = std::string("exchange/cpu/") +
+                                 (exchange == Exchange::kFactors ? "factors" : "gradients") +
+                                 "/devices:" + std::to_string(world) + "/batch:" + std::to_string(batch);
+        benchmark::RegisterBenchmark(name.c_str(), [&backend, world, batch, exchange](benchmark::State& st) {
+          bench_step(st, backend, Mode::kDdp, world, batch, exchange);
         })->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
       }
     }
@@ -217,6 +237,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<Backend> cpu = make_cpu_backend(pinned);
   register_layers();
   register_steps(*cpu, cpu->device_count(), "cpu");
+  register_exchanges(*cpu);
   std::unique_ptr<Backend> cuda, cuda_eager;
   if (cuda_built()) {
     try {

@@ -345,7 +345,6 @@ TEST(Trainer, RanksSharingADeviceTrainWhatSeparateDevicesDo) {
     SCOPED_TRACE(mode == Mode::kDp ? "dp" : "ddp");
     TrainConfig c = config_for(2, 8);
     c.mode = mode;
-    c.exchange = Exchange::kGradients;  // ranks sharing a device cannot exchange fc1's factors
     const TrainResult separate = run(c);
     c.devices = {0, 0};
     const TrainResult shared = run(c);
@@ -357,7 +356,6 @@ TEST(Trainer, RanksSharingADeviceTrainWhatSeparateDevicesDo) {
       f.devices = std::move(devices);
       f.max_steps = 5;
       f.bucket_mb = 0.001;  // a bucket per layer, each overlapping the rest of backward
-      f.exchange = Exchange::kGradients;
       return run(f).params;
     };
     const std::vector<float> one = five_steps({0}, 64);

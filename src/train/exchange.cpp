@@ -23,17 +23,20 @@ bool exchanges_factors(const TrainConfig& config, const Place& place, std::uint3
     if (!asked) return false;
     throw InputError(std::string("--exchange factors: ") + why + "; use --exchange gradients or auto", "exchange");
   }
-  return asked || factors_pay(config.batch, place.world);
+  return asked || factors_pay(config.batch, place);
 }
 
 // Bytes alone favour factors while batch x world < 2 x fc1's parameters / kFactorWidth
 // (252 images): a ring allreduce sends 2(W-1)/W x P floats a rank, the allgather (W-1) x
 // B x kFactorWidth. But each rank then forms fc1's weight product over W x B rows instead
-// of B, and on the CPU's in-process group the allreduce is a pass over shared memory, not
-// a wire: measured on 2 cores (docs/benchmarks.md, --exchange), factors are faster up to a
-// world batch of 32 and slower at 128. So auto takes them for world batches up to 32.
-bool factors_pay(std::uint32_t batch, int world) {
-  return world > 1 && std::uint64_t{batch} * static_cast<std::uint64_t>(world) <= 32;
+// of B, and within one process the allreduce is a pass over shared memory, not a wire.
+// Measured on 2 cores (docs/benchmarks.md, "Exchanging fc1's factors"): in one process
+// factors are no faster at any batch (0.96-1.00x at batch 1 to 64 a rank, 2 ranks); across
+// 2 processes over TCP they are 2.7-3.2x at batch 1, 2.1-2.2x at 4, 1.4x at 16 and even
+// at 64. So auto takes factors where the world spans processes and its batch is at most
+// 64 images (between the 32 measured faster and the 128 measured even).
+bool factors_pay(std::uint32_t batch, const Place& place) {
+  return place.process_count() > 1 && std::uint64_t{batch} * static_cast<std::uint64_t>(place.world) <= 64;
 }
 
 std::array<double, kLayers> bytes_sent_per_step(bool factors, std::uint32_t batch, int world) {

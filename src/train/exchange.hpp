@@ -21,7 +21,7 @@ inline constexpr std::size_t kFactorWidth = kHidden + kFlat;
 bool exchanges_factors(const TrainConfig& config, const Place& place, std::uint32_t shards, const Backend& backend);
 
 // kAuto's rule, for a run that can exchange either way (exchange.cpp says why).
-bool factors_pay(std::uint32_t batch, int world);
+bool factors_pay(std::uint32_t batch, const Place& place);
 
 // EpochMetrics::bytes_sent_per_step of a step of `batch` images a rank among `world`.
 std::array<double, kLayers> bytes_sent_per_step(bool factors, std::uint32_t batch, int world);
