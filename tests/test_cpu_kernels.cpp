@@ -96,6 +96,7 @@ class Conv2 : public KernelTest {};
 class Activation : public KernelTest {};
 class Update : public KernelTest {};
 class Norm : public KernelTest {};
+class Factors : public KernelTest {};
 
 // ---- conv1 ----
 
@@ -603,6 +604,48 @@ TEST_P(Norm, SumOfSquaresIsTheSameOnEveryIsaAndSeesANaN) {
   }
 }
 
+// --exchange factors: rows of fc1's weight gradient G^T X from gathered factors, near a
+// float64 product, the same bits in any chunking and on AVX2 and AVX-512 (each element the
+// same chain of fused multiply-adds, so ranks on hosts of either agree); its squared norm
+// from the factors the same on every ISA, near the product's, and non-finite with a NaN.
+TEST_P(Factors, ProductRowsAndNormFromTheFactors) {
+  for (std::uint32_t rows : {1u, 3u, 8u, 17u}) {
+    const std::vector<float> g = uniform(std::size_t{rows} * kHidden, -1, 1, 5);
+    const std::vector<float> x = uniform(std::size_t{rows} * kFlat, 0, 2, 6);
+    std::vector<float> whole(std::size_t{kHidden} * kFlat), chunked(whole.size());
+    factor_product_rows_variant(isa())(g.data(), x.data(), rows, 0, kHidden, whole.data());
+    for (std::size_t first = 0; first < kHidden; first += 8)
+      factor_product_rows_variant(isa())(g.data(), x.data(), rows, first, 8, chunked.data() + first * kFlat);
+    EXPECT_EQ(whole, chunked) << rows;
+    double squares = 0;
+    for (std::size_t i = 0; i < kHidden; ++i) {
+      for (std::size_t j = 0; j < kFlat; j += 37) {  // a sample of the columns against float64
+        double exact = 0, bound = 0;
+        for (std::size_t r = 0; r < rows; ++r) {
+          exact += double{g[r * kHidden + i]} * x[r * kFlat + j];
+          bound += std::abs(double{g[r * kHidden + i]} * x[r * kFlat + j]);
+        }
+        ASSERT_NEAR(whole[i * kFlat + j], exact, 1e-7 * rows * bound + 1e-30) << rows << " " << i << " " << j;
+      }
+    }
+    for (float v : whole) squares += double{v} * v;
+    if (isa() != Isa::kPortable && cpu_runs(Isa::kAvx2)) {
+      std::vector<float> avx2(whole.size());
+      factor_product_rows_variant(Isa::kAvx2)(g.data(), x.data(), rows, 0, kHidden, avx2.data());
+      EXPECT_EQ(whole, avx2) << rows;
+    }
+    double got = -1, portable = -1;
+    factor_product_squares_variant(isa())(g.data(), x.data(), rows, &got);
+    factor_product_squares_variant(Isa::kPortable)(g.data(), x.data(), rows, &portable);
+    EXPECT_EQ(got, portable) << rows;
+    EXPECT_NEAR(got, squares, 1e-5 * squares) << rows;
+    std::vector<float> bad = x;
+    bad[kFlat / 2] = std::numeric_limits<float>::quiet_NaN();
+    factor_product_squares_variant(isa())(g.data(), bad.data(), rows, &got);
+    EXPECT_FALSE(std::isfinite(got)) << rows;
+  }
+}
+
 std::string isa_param_name(const ::testing::TestParamInfo<Isa>& info) { return isa_name(info.param); }
 #define ON_EVERY_ISA(Suite)                                                                                 \
   INSTANTIATE_TEST_SUITE_P(Isas, Suite, ::testing::Values(Isa::kPortable, Isa::kAvx2, Isa::kAvx512), \
@@ -613,6 +656,7 @@ ON_EVERY_ISA(Conv2);
 ON_EVERY_ISA(Activation);
 ON_EVERY_ISA(Update);
 ON_EVERY_ISA(Norm);
+ON_EVERY_ISA(Factors);
 
 }  // namespace
 }  // namespace mnist_mt::cpu

@@ -424,17 +424,23 @@ TEST_F(ReplicaTest, StepCallsReturnWithoutWaitingForTheDevice) {
   EXPECT_EQ(order, (std::vector<int>{kFc2, kFc1, kConv2, kConv1}));
 }
 
-// --exchange factors: fc1's gradients from gathered factors are the bits backward computes
-// over the same rows. A replica of a world of 2 given 8 rows (each rank's G is twice the
-// 8-row batch's, its loss averaged over 4) forms 1 x 8's fc1 gradients exactly.
-TEST_F(ReplicaTest, Fc1GradientsFromFactorsAreBackwardsBits) {
+// --exchange factors: fc1's gradients formed from gathered factors. Against fc1's backward
+// over the same rows (oneDNN's product: within rounding) and a float64 G^T X; the same bits
+// whatever the world (a replica of a world of 2 given 8 rows, each rank's G twice the
+// 8-row batch's, forms 1 x 8's); the norm from the factors alone agrees with the written
+// gradient's, and the update that takes the product chunk by chunk writes the bits of an
+// update from the whole written gradient.
+TEST_F(ReplicaTest, Fc1GradientsFromFactors) {
   const auto params = initial_parameters(6);
   const DropoutKey key{3, 0};
   const Batch batch = random_batch(8, 11);
   const Range fc1 = layer_range(kFc1);
-  const auto fc1_grads = [&](Replica& r) {
+  const auto read_all = [](Replica& r) {
     std::vector<float> g(kParamCount);
     ReplicaTesting::read_grads(r, g);
+    return g;
+  };
+  const auto fc1_of = [&](const std::vector<float>& g) {
     return std::vector<float>(g.begin() + static_cast<std::ptrdiff_t>(fc1.offset),
                               g.begin() + static_cast<std::ptrdiff_t>(fc1.offset + fc1.count));
   };
@@ -443,7 +449,7 @@ TEST_F(ReplicaTest, Fc1GradientsFromFactorsAreBackwardsBits) {
   plain->set_input(batch);
   plain->forward(true, key, 8);
   plain->backward([](int) {});
-  const std::vector<float> expected = fc1_grads(*plain);
+  const std::vector<float> backward = fc1_of(read_all(*plain));
 
   auto one = make_cpu_replica(device_, 8);  // a world of 1: its own factors
   one->exchange_factors(1);
@@ -459,16 +465,49 @@ TEST_F(ReplicaTest, Fc1GradientsFromFactorsAreBackwardsBits) {
   ASSERT_NE(f.input, nullptr);
   std::copy_n(f.input, 8 * kFlat, f.all_inputs);
   std::copy_n(f.output_grad, 8 * kHidden, f.all_output_grads);
+  std::vector<double> reference(fc1.count, 0.0);  // G^T X, then G's column sums (the bias)
+  for (std::size_t r = 0; r < 8; ++r)
+    for (std::size_t i = 0; i < kHidden; ++i) {
+      const double g = f.output_grad[r * kHidden + i];
+      for (std::size_t j = 0; j < kFlat; ++j) reference[i * kFlat + j] += g * f.input[r * kFlat + j];
+      reference[kHidden * kFlat + i] += g;
+    }
   one->grads_from_factors(8);
-  EXPECT_EQ(fc1_grads(*one), expected);
+  const double norm = one->grad_norm();  // from the factors: fc1's weight gradient not yet written
+  const std::vector<float> all = read_all(*one);
+  const std::vector<float> formed = fc1_of(all);
+  double squares = 0, error = 0, size = 0;
+  for (float v : all) squares += double{v} * v;
+  for (std::size_t k = 0; k < formed.size(); ++k) {
+    error = std::max(error, std::abs(formed[k] - reference[k]));
+    size = std::max(size, std::abs(reference[k]));
+  }
+  EXPECT_LE(error, 1e-6 * size);
+  double apart = 0, backward_size = 0;  // normwise, against oneDNN's product
+  for (std::size_t k = 0; k < formed.size(); ++k) {
+    apart += (double{formed[k]} - backward[k]) * (double{formed[k]} - backward[k]);
+    backward_size += double{backward[k]} * backward[k];
+  }
+  EXPECT_LE(std::sqrt(apart), 1e-6 * std::sqrt(backward_size));
+  EXPECT_NEAR(norm, std::sqrt(squares), 1e-6 * norm);
 
   auto half = make_cpu_replica(device_, 4);  // a rank of 2 x 4, given both ranks' factors
   half->exchange_factors(2);
   const Replica::Factors h = half->factors();
   std::copy_n(f.input, 8 * kFlat, h.all_inputs);
   for (std::size_t i = 0; i < 8 * kHidden; ++i) h.all_output_grads[i] = 2.0f * f.output_grad[i];
+  half->write_params(params);
   half->grads_from_factors(8);
-  EXPECT_EQ(fc1_grads(*half), expected);
+  OptimizerOptions sgd;
+  sgd.momentum = 0.9;
+  half->update(sgd);  // fc1's weight gradient made chunk by chunk for the update
+  one->update(sgd);   // from the gradient read_all wrote whole
+  std::vector<float> after_half(kParamCount), after_one(kParamCount);
+  half->read_params(after_half);
+  one->read_params(after_one);
+  EXPECT_EQ(fc1_of(after_half), fc1_of(after_one));
+  EXPECT_NE(fc1_of(after_one), fc1_of(params));
+  EXPECT_EQ(fc1_of(read_all(*half)), formed);  // and the written gradient is 1 x 8's too
   EXPECT_THROW(half->grads_from_factors(9), RuntimeFailure);  // more rows than 2 x 4
 }
 

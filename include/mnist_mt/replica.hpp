@@ -138,10 +138,11 @@ class Replica {
     float* all_output_grads = nullptr;
   };
   virtual Factors factors() { return {}; }
-  // Enqueues fc1's weight and bias gradients, into grads(), from the first `rows` rows of
-  // the gathered factors, averaged over the world: the product fc1's backward computes
-  // for a batch of `rows` (so 1 rank x `rows` gives the same bits when the world is a
-  // power of two), divided by the world.
+  // Enqueues fc1's weight and bias gradients from the first `rows` rows of the gathered
+  // factors, averaged over the world (the same bits for 1 rank x `rows` when the world is a
+  // power of two). A replica may keep the weight gradient in the factors and form it as
+  // the next update() takes it (the CPU's, in chunks of rows while they are in cache);
+  // read_grads(), grad_norm() and keep_grads() see it whole.
   virtual void grads_from_factors(std::uint32_t /*rows*/) {}
   // One step of the optimizer (optimizer.hpp) from grads(), with options.lr and the
   // momentum (SGD) or beta1 (Adam) of this update: a schedule passes with_values().

@@ -3,54 +3,6 @@
 
 namespace mnist_mt::cpu {
 
-Step fc1_backward_weights(PlanBuilder& b, Dim rows, float* flat, float* d_hidden, std::size_t capacity,
-                          float* grads) {
-  using namespace dnnl;
-  const memory::desc flat_md({rows, Dim{kFlat}}, kF32, Tag::nc), hidden_md({rows, Dim{kHidden}}, kF32, Tag::nc);
-  const auto desc = [](int i) { return plain(kParams[i]); };
-  const auto forward_pd = planned(kFc1Forward, [&] {
-    return inner_product_forward::primitive_desc(
-        inner_product_forward::desc(prop_kind::forward_training, flat_md, desc(4), desc(5), hidden_md), b.relu_attr(),
-        b.engine());
-  });
-  const auto pd = planned(kFc1BackwardWeights, [&] {
-    return inner_product_backward_weights::primitive_desc(
-        inner_product_backward_weights::desc(flat_md, desc(4), desc(5), hidden_md), b.engine(), forward_pd);
-  });
-  return b.step(kFc1BackwardWeights, pd,
-                {{DNNL_ARG_SRC, b.bind(flat_md, flat, capacity * kFlat * sizeof(float))},
-                 {DNNL_ARG_DIFF_DST, b.bind(hidden_md, d_hidden, capacity * kHidden * sizeof(float))},
-                 {DNNL_ARG_DIFF_WEIGHTS, b.view(kParams[4], grads)},
-                 {DNNL_ARG_DIFF_BIAS, b.view(kParams[5], grads)}});
-}
-
-Fc1Factors::Fc1Factors(int world, std::uint32_t max_batch)
-    : world_(world),
-      capacity_(max_batch * static_cast<std::uint32_t>(world)),
-      inputs_(aligned_zeros<float>(std::size_t{capacity_} * kFlat)),
-      output_grads_(aligned_zeros<float>(std::size_t{capacity_} * kHidden)) {}
-
-Plan* Fc1Factors::find(std::uint32_t rows) {
-  const auto it = plans_.find(rows);
-  return it == plans_.end() ? nullptr : it->second.get();
-}
-
-Plan& Fc1Factors::add(const dnnl::engine& engine, std::uint32_t rows, float* grads) {
-  auto plan = std::make_unique<Plan>();
-  plan->batch = rows;
-  PlanBuilder b(engine, *plan);
-  plan->fc1_backward_weights = fc1_backward_weights(b, rows, inputs(), output_grads(), capacity_, grads);
-  return *plans_.insert_or_assign(rows, std::move(plan)).first->second;
-}
-
-void Fc1Factors::run(const Plan& plan, dnnl::stream& stream) {
-  const float world = static_cast<float>(world_);
-  float* g = output_grads();
-  for (std::size_t i = 0, n = std::size_t{plan.batch} * kHidden; i < n; ++i) g[i] /= world;
-  cpu::run(plan.fc1_backward_weights, stream);
-  stream.wait();
-}
-
 // fc1 (ReLU fused) and fc2 through oneDNN's inner products, on PyTorch's flatten order:
 // the pooled map nchw seen as [n, 9216].
 void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, float* params, float* grads) {
@@ -77,6 +29,10 @@ void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, float* params, float
     return inner_product_backward_data::primitive_desc(inner_product_backward_data::desc(hidden_md, desc(6), logits_md),
                                                        b.engine(), fc2_pd);
   });
+  const auto fc1_bw_pd = planned(kFc1BackwardWeights, [&] {
+    return inner_product_backward_weights::primitive_desc(
+        inner_product_backward_weights::desc(flat_md, desc(4), desc(5), hidden_md), b.engine(), fc1_pd);
+  });
   const auto fc1_bd_pd = planned(kFc1BackwardData, [&] {
     return inner_product_backward_data::primitive_desc(inner_product_backward_data::desc(flat_md, desc(4), hidden_md),
                                                        b.engine(), fc1_pd);
@@ -97,7 +53,9 @@ void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, float* params, float
   plan.fc2_backward_data = b.step(kFc2BackwardData, fc2_bd_pd,
                                   {{DNNL_ARG_DIFF_DST, dlogits}, {DNNL_ARG_WEIGHTS, view(6, params)},
                                    {DNNL_ARG_DIFF_SRC, d_hidden}});
-  plan.fc1_backward_weights = fc1_backward_weights(b, n, buf.flat.get(), buf.d_hidden.get(), cap, grads);
+  plan.fc1_backward_weights = b.step(kFc1BackwardWeights, fc1_bw_pd,
+                                     {{DNNL_ARG_SRC, flat}, {DNNL_ARG_DIFF_DST, d_hidden},
+                                      {DNNL_ARG_DIFF_WEIGHTS, view(4, grads)}, {DNNL_ARG_DIFF_BIAS, view(5, grads)}});
   plan.fc1_backward_data = b.step(kFc1BackwardData, fc1_bd_pd,
                                   {{DNNL_ARG_DIFF_DST, d_hidden}, {DNNL_ARG_WEIGHTS, view(4, params)},
                                    {DNNL_ARG_DIFF_SRC, d_flat}});

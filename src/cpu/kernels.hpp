@@ -48,6 +48,21 @@ void optimizer_update(float* params, const float* grads, float* first, float* se
 // norm, which every rank must compute to the same bits).
 double sum_of_squares(const float* x, std::size_t count);
 
+// --exchange factors (factor_product.cpp): rows [first, first + count) of fc1's weight
+// gradient G^T X from `rows` rows of G (kHidden floats a row) and X (kFlat a row), into
+// `out` (count x kFlat): each element the sum over the rows in their order, with fused
+// multiply-adds on AVX2 and AVX-512 (so the bits depend on the ISA, not on the chunking).
+// `count` a multiple of 8.
+void factor_product_rows(const float* g, const float* x, std::uint32_t rows, std::size_t first, std::size_t count,
+                         float* out);
+// The squared norm of that whole product from the factors: the sum over row pairs (a, b)
+// of (g_a . g_b)(x_a . x_b), in double, the same on every ISA.
+double factor_product_squares(const float* g, const float* x, std::uint32_t rows);
+using FactorRowsFn = void (*)(const float*, const float*, std::uint32_t, std::size_t, std::size_t, float*);
+using FactorSquaresFn = void (*)(const float*, const float*, std::uint32_t, double*);
+FactorRowsFn factor_product_rows_variant(Isa isa);        // factor_product.cpp
+FactorSquaresFn factor_product_squares_variant(Isa isa);  // factor_product.cpp
+
 // out[j][i] = (((in[0][i] + in[1][i]) + in[2][i]) + ...) for i in [begin, begin + count)
 // and every j, an average divided by `divisor` (times its inverse when a power of two:
 // the same correctly rounded value). The order of additions never depends on the range,

@@ -15,11 +15,14 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "conv1.hpp"
+#include "factors.hpp"
+#include "optimizer_state.hpp"
 #include "input.hpp"
 #include "kernels.hpp"
 #include "mnist_mt/error.hpp"
@@ -38,7 +41,6 @@ class CpuReplicaImpl final : public CpuReplica {
         max_batch_(max_batch),
         params_(aligned_zeros<float>(kParamCount)),
         grads_(aligned_zeros<float>(kParamCount)),
-        state_{aligned_zeros<float>(kParamCount), aligned_zeros<float>(kParamCount)},
         buffers_(max_batch),
         staged_(max_batch) {
     if (max_batch == 0) throw RuntimeFailure(device.name() + ": replica needs max_batch > 0");
@@ -69,21 +71,25 @@ class CpuReplicaImpl final : public CpuReplica {
         throw RuntimeFailure(device_.name() + ": prepare for a batch of " + std::to_string(n) + ", replica holds 1.." +
                              std::to_string(max_batch_));
       plans_.batch(n);
-      if (const Fc1Factors* f = plans_.factors()) plans_.factor_product(n * static_cast<std::uint32_t>(f->world()));
     }
     take_stats();
   }
 
-  void exchange_factors(int world) override { plans_.exchange_factors(world); }
+  void exchange_factors(int world) override {
+    if (world < 1) throw RuntimeFailure(device_.name() + ": exchange_factors among " + std::to_string(world) + " ranks");
+    factors_.emplace(world, max_batch_);
+  }
   Factors factors() override {
-    Fc1Factors* f = plans_.factors();
-    if (f == nullptr) return {};
-    return {buffers_.flat.get(), buffers_.d_hidden.get(), f->inputs(), f->output_grads()};
+    if (!factors_) return {};
+    return {buffers_.flat.get(), buffers_.d_hidden.get(), factors_->inputs(), factors_->output_grads()};
   }
   void grads_from_factors(std::uint32_t rows) override {
-    const Plan* plan = &plans_.factor_product(rows);
+    if (!factors_ || rows == 0 || rows > factors_->capacity())
+      throw RuntimeFailure(device_.name() + ": fc1's gradients from " + std::to_string(rows) +
+                           " rows of factors, the replica gathers " +
+                           std::to_string(factors_ ? factors_->capacity() : 0));
     device_.compute().enqueue(
-        [this, plan] { timed(kFc1BackwardWeights, [&] { plans_.factors()->run(*plan, stream_); }); });
+        [this, rows] { timed(kFc1BackwardWeights, [&] { factors_->take(rows, grads_.get()); }); });
   }
   float* params() override { return params_.get(); }
   float* grads() override { return grads_.get(); }
@@ -164,7 +170,7 @@ class CpuReplicaImpl final : public CpuReplica {
       timed(kFc2BackwardData, [&] { run(plan->fc2_backward_data, stream_); });
       timed(kDropout2Backward,
             [&] { relu_dropout_backward(buffers_.hidden.get(), scale1_, n * kHidden, buffers_.d_hidden.get()); });
-      if (plans_.factors() == nullptr) timed(kFc1BackwardWeights, [&] { run(plan->fc1_backward_weights, stream_); });
+      if (!factors_) timed(kFc1BackwardWeights, [&] { run(plan->fc1_backward_weights, stream_); });
     });
     grads_ready(kFc1);
     compute.enqueue([this, plan] {
@@ -191,6 +197,7 @@ class CpuReplicaImpl final : public CpuReplica {
   }
 
   float* keep_grads(std::size_t slot) override {
+    materialize_grads();
     while (kept_.size() <= slot) kept_.push_back(aligned_zeros<float>(kParamCount));
     float* to = kept_[slot].get();
     device_.compute().enqueue([this, to] { std::memcpy(to, grads_.get(), kParamCount * sizeof(float)); });
@@ -205,7 +212,7 @@ class CpuReplicaImpl final : public CpuReplica {
     device_.compute().enqueue([this, options, guard] {
       const std::uint64_t number = guarded_updates_++;
       const std::optional<double> reduced = guard.reduced_squares ? guard.reduced_squares() : std::nullopt;
-      const double norm = std::sqrt(reduced ? *reduced : sum_of_squares(grads_.get(), kParamCount));
+      const double norm = std::sqrt(reduced ? *reduced : squares());
       if (stats_.admit(guard, number, norm)) apply(options);
     });
   }
@@ -214,29 +221,22 @@ class CpuReplicaImpl final : public CpuReplica {
   void write_params(std::span<const float> in) override { copy_in(in, params_.get()); }
   OptimizerState read_state() override {
     OptimizerState state;
-    state.first.resize(kParamCount);
-    state.second.resize(kParamCount);
-    run_sync([&] {
-      std::memcpy(state.first.data(), state_[0].get(), kParamCount * sizeof(float));
-      std::memcpy(state.second.data(), state_[1].get(), kParamCount * sizeof(float));
-      state.applied = applied_;
-    });
+    run_sync([&] { state = optimizer_.read(); });
     return state;
   }
   void write_state(const OptimizerState& state) override {
     for (const auto* buffer : {&state.first, &state.second})
       if (!buffer->empty()) check_size(buffer->size());
-    run_sync([&] {
-      if (!state.first.empty()) std::memcpy(state_[0].get(), state.first.data(), kParamCount * sizeof(float));
-      if (!state.second.empty()) std::memcpy(state_[1].get(), state.second.data(), kParamCount * sizeof(float));
-      applied_ = state.applied;
-    });
+    run_sync([&] { optimizer_.write(state); });
   }
-  void read_grads(std::span<float> out) override { copy_out(grads_.get(), out); }
+  void read_grads(std::span<float> out) override {
+    materialize_grads();
+    copy_out(grads_.get(), out);
+  }
 
   double grad_norm() override {
     double sum = 0;
-    run_sync([&] { sum = sum_of_squares(grads_.get(), kParamCount); });
+    run_sync([&] { sum = squares(); });
     return std::sqrt(sum);
   }
 
@@ -282,11 +282,17 @@ class CpuReplicaImpl final : public CpuReplica {
   // Compute thread: the optimizer's update, and the stats of the forward passes since the
   // last update.
   void apply(const OptimizerOptions& options) {
-    const UpdateScalars scalars = update_scalars(options, base_values(options), applied_);
-    timed(kUpdateOp, [&] {
-      optimizer_update(params_.get(), grads_.get(), state_[0].get(), state_[1].get(), kParamCount, scalars);
-    });
-    ++applied_;
+    timed(kUpdateOp,
+          [&] { optimizer_.update(params_.get(), grads_.get(), factors_ ? &*factors_ : nullptr, options); });
+  }
+
+  // Compute thread: the gradients' sum of squares (fc1's from its factors while pending).
+  double squares() const {
+    return factors_ && factors_->pending() ? factors_->squares(grads_.get()) : sum_of_squares(grads_.get(), kParamCount);
+  }
+  // Writes fc1's weight gradient into grads() while it is only in the factors.
+  void materialize_grads() {
+    if (factors_) device_.compute().enqueue([this] { factors_->materialize(grads_.get()); });
   }
 
   template <class F>
@@ -363,9 +369,10 @@ class CpuReplicaImpl final : public CpuReplica {
   dnnl::engine engine_;
   dnnl::stream stream_;
   Aligned<float> params_, grads_;
-  Aligned<float> state_[2];  // the optimizer's buffers (OptimizerState::first, second)
+  OptimizerBuffers optimizer_;
   Buffers buffers_;
   PlanCache plans_{device_, engine_, isa_, buffers_, params_.get(), grads_.get()};
+  std::optional<Fc1Factors> factors_;  // exchange_factors(): every rank's fc1 factors
 
   // Host side: the rows of the last input, those that have labels, those the next
   // forward and backward use and their plan (null until first used); the staging copy.
@@ -374,7 +381,6 @@ class CpuReplicaImpl final : public CpuReplica {
   StagedInput staged_;
 
   // Compute-stream side.
-  std::uint64_t applied_ = 0;  // updates applied (compute thread)
   std::uint64_t guarded_updates_ = 0;  // guarded_update() calls run (compute thread)
   float scale0_ = 1.0f, scale1_ = 1.0f;  // dropout scales of the last forward
   StepStatsBook stats_;

@@ -1,0 +1,110 @@
+// fc1's weight gradient from every rank's gathered factors (--exchange factors), per
+// instruction set (simd.hpp): the product in chunks of rows, so that the update can take
+// each chunk while it is in cache, and the product's squared norm from the factors alone.
+#include "kernels.hpp"
+#include "mnist_mt/model.hpp"
+#include "simd.hpp"
+
+namespace mnist_mt::cpu {
+namespace {
+
+// A pass over X makes a block of kOut<B> output rows x kVecs vectors of B columns, its
+// accumulators in registers: 8 x 3 on AVX-512 (24 of its 32), 4 x 3 on AVX2 (12 of 16).
+template <std::size_t B>
+constexpr std::size_t kOut = B == 16 ? 8 : 4;
+constexpr std::size_t kVecs = 3;
+constexpr std::uint32_t kRowBlock = 8;  // rows of X a pass takes: X's rows are 36 KiB apart, a
+                                        // multiple of 4 KiB, so all of them fall in one L1 set
+
+template <std::size_t B>
+[[gnu::always_inline]] inline void factor_rows_body(const float* g, const float* x, std::uint32_t rows,
+                                                    std::size_t first, std::size_t count, float* out) {
+  constexpr std::size_t kO = kOut<B>, kW = kVecs * B;
+  static_assert(kFlat % kW == 0);
+  // The rows in blocks, each pass adding its rows to the sums so far in `out` (a stored
+  // float reloaded is the same value: each element's chain of additions stays in row
+  // order); columns outside, so that a panel of the block's X stays in L1 while every
+  // output row of the range takes it.
+  for (std::uint32_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const std::uint32_t r1 = r0 + kRowBlock < rows ? r0 + kRowBlock : rows;
+    for (std::size_t j = 0; j < kFlat; j += kW) {
+      for (std::size_t i = first; i < first + count; i += kO) {
+        Vec<B> acc[kO][kVecs] = {};
+        if (r0 > 0)
+          for (std::size_t k = 0; k < kO; ++k)
+            for (std::size_t v = 0; v < kVecs; ++v) acc[k][v] = load<B>(out + (i - first + k) * kFlat + j + v * B);
+        for (std::uint32_t r = r0; r < r1; ++r) {
+          const float* xr = x + std::size_t{r} * kFlat + j;
+          Vec<B> xv[kVecs];
+          for (std::size_t v = 0; v < kVecs; ++v) xv[v] = load<B>(xr + v * B);
+          const float* gr = g + std::size_t{r} * kHidden + i;
+          for (std::size_t k = 0; k < kO; ++k)
+            for (std::size_t v = 0; v < kVecs; ++v) acc[k][v] += gr[k] * xv[v];
+        }
+        for (std::size_t k = 0; k < kO; ++k)
+          for (std::size_t v = 0; v < kVecs; ++v) store<B>(out + (i - first + k) * kFlat + j + v * B, acc[k][v]);
+      }
+    }
+  }
+}
+
+// a . b in double over 32 lanes added in lane order: a float product is exact in double,
+// so every ISA adds the same values in the same order (as sum_of_squares does).
+template <std::size_t>  // auto-vectorised
+[[gnu::always_inline]] inline double dot_in_order(const float* a, const float* b, std::size_t count) {
+  constexpr std::size_t kLanes = 32;
+  double lanes[kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= count; i += kLanes)
+    for (std::size_t j = 0; j < kLanes; ++j) lanes[j] += double{a[i + j]} * double{b[i + j]};
+  for (std::size_t j = 0; i + j < count; ++j) lanes[j] += double{a[i + j]} * double{b[i + j]};
+  double sum = 0;
+  for (double lane : lanes) sum += lane;
+  return sum;
+}
+
+// ||G^T X||^2 = sum over row pairs (a, b) of (g_a . g_b)(x_a . x_b).
+template <std::size_t B>
+[[gnu::always_inline]] inline void factor_squares_body(const float* g, const float* x, std::uint32_t rows,
+                                                       double* out) {
+  double total = 0;
+  for (std::uint32_t a = 0; a < rows; ++a) {
+    for (std::uint32_t b = 0; b <= a; ++b) {
+      const double gg = dot_in_order<B>(g + std::size_t{a} * kHidden, g + std::size_t{b} * kHidden, kHidden);
+      const double xx = dot_in_order<B>(x + std::size_t{a} * kFlat, x + std::size_t{b} * kFlat, kFlat);
+      total += (a == b ? 1.0 : 2.0) * gg * xx;
+    }
+  }
+  *out = total;
+}
+
+MNIST_MT_ISA_VARIANTS(factor_rows, factor_rows_body,
+                      (const float* g, const float* x, std::uint32_t rows, std::size_t first, std::size_t count,
+                       float* out),
+                      (g, x, rows, first, count, out))
+MNIST_MT_ISA_VARIANTS(factor_squares, factor_squares_body,
+                      (const float* g, const float* x, std::uint32_t rows, double* out), (g, x, rows, out))
+
+}  // namespace
+
+FactorRowsFn factor_product_rows_variant(Isa isa) {
+  return pick<FactorRowsFn>(isa, factor_rows_avx512, factor_rows_avx2, factor_rows_portable);
+}
+FactorSquaresFn factor_product_squares_variant(Isa isa) {
+  return pick<FactorSquaresFn>(isa, factor_squares_avx512, factor_squares_avx2, factor_squares_portable);
+}
+
+void factor_product_rows(const float* g, const float* x, std::uint32_t rows, std::size_t first, std::size_t count,
+                         float* out) {
+  static const FactorRowsFn fn = factor_product_rows_variant(kernel_isa());
+  fn(g, x, rows, first, count, out);
+}
+
+double factor_product_squares(const float* g, const float* x, std::uint32_t rows) {
+  static const FactorSquaresFn fn = factor_product_squares_variant(kernel_isa());
+  double sum = 0;
+  fn(g, x, rows, &sum);
+  return sum;
+}
+
+}  // namespace mnist_mt::cpu
