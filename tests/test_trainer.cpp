@@ -473,6 +473,11 @@ TEST(Trainer, FactorsWhereTheyCannotRunAreRefused) {
   EXPECT_THROW(run(c), InputError);
   c.exchange = Exchange::kAuto;
   EXPECT_FALSE(run(c).epochs[0].fc1_factors);
+  // auto in one process: factors up to a world batch of 8, gradients above.
+  c.devices = {0, 1};
+  EXPECT_TRUE(run(c).epochs[0].fc1_factors);
+  c.batch = 8;
+  EXPECT_FALSE(run(c).epochs[0].fc1_factors);
 }
 
 TEST(Trainer, BadConfigIsAnInputError) {

@@ -27,8 +27,8 @@ enum class Mode { kDdp, kDp };
 // How DDP's ranks combine fc1's weight gradient (docs/distributed.md): an allreduce of
 // the gradient, or an allgather of every rank's factors (the gradient at fc1's output and
 // its input, B x 9344 floats a rank) from which each rank forms the world's product.
-// kAuto takes factors where measured faster: across processes, at world batches up to 64
-// (factors_pay in src/train/exchange.cpp).
+// kAuto takes factors where measured faster: at world batches up to 64 across processes,
+// up to 8 in one (factors_pay in src/train/exchange.cpp).
 enum class Exchange { kAuto, kGradients, kFactors };
 
 

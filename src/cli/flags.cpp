@@ -123,8 +123,8 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       ->capture_default_str();
   app.add_option("--exchange", f.exchange,
                  "How the ranks combine fc1's weight gradient: gradients (an allreduce), factors (an allgather of each "
-                 "rank's B x 9344 factors; CPU devices, --mode ddp) or auto (factors across processes at world "
-                 "batches up to 64)")
+                 "rank's B x 9344 factors; CPU devices, --mode ddp) or auto (factors at world batches up to 64 "
+                 "across processes, up to 8 in one)")
       ->check(CLI::IsMember({"auto", "gradients", "factors"}))
       ->capture_default_str();
   add_data_flags(app, f.data);

@@ -30,13 +30,13 @@ bool exchanges_factors(const TrainConfig& config, const Place& place, std::uint3
 // (252 images): a ring allreduce sends 2(W-1)/W x P floats a rank, the allgather (W-1) x
 // B x kFactorWidth. But each rank then forms fc1's weight product over W x B rows instead
 // of B, and within one process the allreduce is a pass over shared memory, not a wire.
-// Measured on 2 cores (docs/benchmarks.md, "Exchanging fc1's factors"): in one process
-// factors are no faster at any batch (0.96-1.00x at batch 1 to 64 a rank, 2 ranks); across
-// 2 processes over TCP they are 2.7-3.2x at batch 1, 2.1-2.2x at 4, 1.4x at 16 and even
-// at 64. So auto takes factors where the world spans processes and its batch is at most
-// 64 images (between the 32 measured faster and the 128 measured even).
+// Measured on 2 cores (docs/benchmarks.md, "Exchanging fc1's factors"), factors against
+// gradients at batch 1, 4, 16, 64 a rank: across 2 processes over TCP 4.05x, 2.46x, 1.31x,
+// 1.02x; in one process 1.74x, 1.08x, 0.93x, 0.94x. So auto takes factors where the world
+// spans processes and its batch (B x W) is at most 64, and in one process up to 8.
 bool factors_pay(std::uint32_t batch, const Place& place) {
-  return place.process_count() > 1 && std::uint64_t{batch} * static_cast<std::uint64_t>(place.world) <= 64;
+  const std::uint64_t world_batch = std::uint64_t{batch} * static_cast<std::uint64_t>(place.world);
+  return place.world > 1 && world_batch <= (place.process_count() > 1 ? 64u : 8u);
 }
 
 std::array<double, kLayers> bytes_sent_per_step(bool factors, std::uint32_t batch, int world) {
