@@ -229,7 +229,8 @@ void Run::on_non_finite(Communicator& comm, const NonFiniteStep& step) {
 
 UpdateGuard Run::update_guard(Communicator& comm) const {
   // A worker's replica makes its first guarded update at the run's first step.
-  // With fc1's factors exchanged the communicator's pass misses fc1: the replica sums all.
+  // With fc1's factors exchanged the communicator's pass misses fc1: the replica takes the
+  // norm itself (fc1's part from the factors).
   if (factors_) return {start_.step, config_.on_nan == NanPolicy::kStop, {}};
   return {start_.step, config_.on_nan == NanPolicy::kStop, [&comm] { return comm.take_reduced_squares(); }};
 }
