@@ -26,6 +26,7 @@
 
 #include "cpu/device.hpp"
 #include "cpu/isa.hpp"
+#include "cpu/kernels.hpp"
 #include "cpu/replica.hpp"
 #include "cpu/step.hpp"
 #include "mnist_mt/backend.hpp"
@@ -157,6 +158,28 @@ void register_exchanges(Backend& backend) {
   }
 }
 
+// --exchange factors' two ways to the guard's norm over `rows` gathered rows, on one core:
+// from the factors (Fc1Factors keeps the product in them), or what writing fc1's whole
+// weight gradient adds (its write, and a read each for the norm and the update).
+void register_factor_norms() {
+  for (std::uint32_t rows : {8u, 16u, 32u, 64u, 128u}) {
+    const std::string suffix = "/rows:" + std::to_string(rows);
+    benchmark::RegisterBenchmark(("factors/norm_from_factors" + suffix).c_str(), [rows](benchmark::State& st) {
+      const std::vector<float> x(std::size_t{rows} * kFlat, 0.5f), g(std::size_t{rows} * kHidden, 0.01f);
+      for (auto _ : st) benchmark::DoNotOptimize(cpu::factor_product_squares(g.data(), x.data(), rows));
+    })->Unit(benchmark::kMillisecond);
+  }
+  benchmark::RegisterBenchmark("factors/written_gradient_passes", [](benchmark::State& st) {
+    std::vector<float> w(std::size_t{kHidden} * kFlat);
+    int k = 0;
+    for (auto _ : st) {
+      std::fill(w.begin(), w.end(), 0.001f * static_cast<float>(++k));  // the product's write
+      benchmark::DoNotOptimize(cpu::sum_of_squares(w.data(), w.size()));  // the norm's read
+      benchmark::DoNotOptimize(cpu::sum_of_squares(w.data(), w.size()));  // standing in for the update's
+    }
+  })->Unit(benchmark::kMillisecond);
+}
+
 // One CPU replica trains kProfileSteps steps at `batch` after a warm-up; the per-operation
 // times of those steps, and their wall time. Made once per batch size and shared by the
 // benchmarks that report it.
@@ -236,6 +259,7 @@ int main(int argc, char** argv) {
   pinned.pin_cpu_threads = true;
   std::unique_ptr<Backend> cpu = make_cpu_backend(pinned);
   register_layers();
+  register_factor_norms();
   register_steps(*cpu, cpu->device_count(), "cpu");
   register_exchanges(*cpu);
   std::unique_ptr<Backend> cuda, cuda_eager;

@@ -233,6 +233,11 @@ TEST(Communicator, AllgatherGivesEveryRankEveryChunkInRankOrder) {
   std::vector<float> a(4), b(8);
   for (int r = 0; r < 2; ++r) sharded.comms[r]->allgather(a.data(), b.data(), 4);
   EXPECT_THROW(sharded.synchronize(), std::exception);
+  Group unequal(2);  // ranks giving different counts fail, none reading past a peer's buffer
+  std::vector<float> c(5), d(10);
+  unequal.comms[0]->allgather(c.data(), d.data(), 4);
+  unequal.comms[1]->allgather(c.data(), d.data(), 5);
+  EXPECT_THROW(unequal.synchronize(), std::exception);
 }
 
 TEST(Communicator, BroadcastCopiesRootToEveryRank) {

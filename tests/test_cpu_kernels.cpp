@@ -629,7 +629,7 @@ TEST_P(Factors, ProductRowsAndNormFromTheFactors) {
       }
     }
     for (float v : whole) squares += double{v} * v;
-    if (isa() != Isa::kPortable && cpu_runs(Isa::kAvx2)) {
+    if (isa() == Isa::kAvx512) {  // AVX-512's bits against AVX2's
       std::vector<float> avx2(whole.size());
       factor_product_rows_variant(Isa::kAvx2)(g.data(), x.data(), rows, 0, kHidden, avx2.data());
       EXPECT_EQ(whole, avx2) << rows;

@@ -509,6 +509,29 @@ TEST_F(ReplicaTest, Fc1GradientsFromFactors) {
   EXPECT_NE(fc1_of(after_one), fc1_of(params));
   EXPECT_EQ(fc1_of(read_all(*half)), formed);  // and the written gradient is 1 x 8's too
   EXPECT_THROW(half->grads_from_factors(9), RuntimeFailure);  // more rows than 2 x 4
+
+  // Over 16 rows the product is written whole when taken, and the norm is the written
+  // gradient's (to the rounding of a sum of exact squares, not the factors' 1e-7): a world
+  // of 8 given the 8 rows 8 times, each G times 8, forms 8 times the 8 rows' gradient.
+  auto wide = make_cpu_replica(device_, 8);
+  wide->exchange_factors(8);
+  const Replica::Factors w = wide->factors();
+  for (std::size_t copy = 0; copy < 8; ++copy) {
+    std::copy_n(f.input, 8 * kFlat, w.all_inputs + copy * 8 * kFlat);
+    for (std::size_t i = 0; i < 8 * kHidden; ++i) w.all_output_grads[copy * 8 * kHidden + i] = 8.0f * f.output_grad[i];
+  }
+  wide->grads_from_factors(64);
+  const double wide_norm = wide->grad_norm();
+  const std::vector<float> wide_all = read_all(*wide);
+  double wide_squares = 0, wide_apart = 0, wide_size = 0;  // normwise, against 8 x float64
+  for (float v : wide_all) wide_squares += double{v} * v;
+  for (std::size_t k = 0; k < fc1.count; ++k) {
+    const double d = wide_all[fc1.offset + k] - 8.0 * reference[k];
+    wide_apart += d * d;
+    wide_size += 64.0 * reference[k] * reference[k];
+  }
+  EXPECT_LE(std::sqrt(wide_apart), 1e-6 * std::sqrt(wide_size));
+  EXPECT_NEAR(wide_norm, std::sqrt(wide_squares), 1e-12 * wide_norm);
 }
 
 // Gradients are overwritten by each backward, never accumulated.

@@ -50,6 +50,14 @@ TEST(Buckets, FollowPyTorchsAssignmentInReverseLayerOrder) {
     EXPECT_EQ(tiny[i].offset, layer_range(kLayers - 1 - i).offset);
     EXPECT_EQ(tiny[i].count, layer_range(kLayers - 1 - i).count);
   }
+  // fc1 left out (its factors exchanged): fc2 alone, then conv2 and conv1 under the later cap.
+  const auto without_fc1 = make_buckets(25.0, kFc1);
+  ASSERT_EQ(without_fc1.size(), 2u);
+  EXPECT_EQ(without_fc1[0].offset, layer_range(kFc2).offset);
+  EXPECT_EQ(without_fc1[0].count, layer_range(kFc2).count);
+  EXPECT_EQ(without_fc1[1].offset, 0u);
+  EXPECT_EQ(without_fc1[1].count, layer_range(kConv1).count + layer_range(kConv2).count);
+  for (const Bucket& b : make_buckets(0.001, kFc1)) EXPECT_NE(b.ready_layer, kFc1);
 }
 
 TEST(Trainer, NRanksTimesBatchBEqualsOneRankTimesBatchNB) {
@@ -470,7 +478,12 @@ TEST(Trainer, FactorsWhereTheyCannotRunAreRefused) {
   }
   c.mode = Mode::kDdp;
   c.devices = {0, 0};  // ranks sharing a device
-  EXPECT_THROW(run(c), InputError);
+  try {
+    run(c);
+    ADD_FAILURE() << "ranks sharing a device exchanged factors";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.input(), "exchange") << e.what();
+  }
   c.exchange = Exchange::kAuto;
   EXPECT_FALSE(run(c).epochs[0].fc1_factors);
   // auto in one process: factors up to a world batch of 8, gradients above.

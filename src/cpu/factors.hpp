@@ -23,7 +23,7 @@ class Fc1Factors {
   // Compute thread, once the allgathers are done: fc1's gradients are those of the first
   // `rows` gathered rows, averaged over the world (G divided by it, exact when the world is
   // a power of two, so 1 rank x `rows` gives the same bits). Writes fc1's bias gradient
-  // (the column sums of G, in row order) into `grads` (the flat gradients), and over 48
+  // (the column sums of G, in row order) into `grads` (the flat gradients), and over 16
   // rows the weight gradient too (materialize()).
   void take(std::uint32_t rows, float* grads);
   // Whether take()'s weight gradient is only in the factors (until materialize(); the

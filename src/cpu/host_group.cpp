@@ -44,6 +44,7 @@ HostGroup::HostGroup(int size, std::shared_ptr<Processes> processes, std::vector
       buffers_(size),
       host_buffers_(size),
       sources_(size),
+      counts_(size),
       squares_(size),
       first_part_(static_cast<std::size_t>(size) + 1, 0) {
   if (!shards.empty() && shards.size() != static_cast<std::size_t>(size))
@@ -226,12 +227,18 @@ double HostGroup::reduce(int rank, float* data, std::size_t count, ReduceOp op, 
 // theirs into rank 0's `all` at their world place, rank 0 exchanges the process's block
 // with every other process, and the others copy rank 0's result.
 void HostGroup::allgather(int rank, const float* mine, float* all, std::size_t count) {
-  if (parts_.size() != static_cast<std::size_t>(size_))
-    throw RuntimeFailure("an allgather in a group whose ranks compute several shards");
   collective([&] {
+    // Inside, so that the peers are released.
+    if (parts_.size() != static_cast<std::size_t>(size_))
+      throw RuntimeFailure("rank " + std::to_string(rank) + ": an allgather in a group whose ranks compute several shards");
     sources_[rank] = mine;
     buffers_[rank] = all;
+    counts_[rank] = count;
     barrier();
+    for (int s = 0; s < size_; ++s)
+      if (counts_[s] != count)
+        throw RuntimeFailure("rank " + std::to_string(rank) + ": an allgather of " + std::to_string(count) +
+                             " floats, rank " + std::to_string(s) + " gives " + std::to_string(counts_[s]));
     if (!across()) {
       for (int s = 0; s < size_; ++s) copy(all + count * static_cast<std::size_t>(s), sources_[s], count);
       barrier();  // no rank reuses its `mine` while a peer still reads it

@@ -96,7 +96,8 @@ class HostGroup {
   // between the first barrier and the last.
   std::vector<float*> buffers_;
   std::vector<const double*> host_buffers_;
-  std::vector<const float*> sources_;  // allgather: each rank's `mine`, likewise
+  std::vector<const float*> sources_;  // allgather: each rank's `mine` and count, likewise
+  std::vector<std::size_t> counts_;
   std::vector<double> squares_;  // allreduce: each rank's chunk's sum of squares, likewise
   // allreduce(): rank r's parts at parts_[first_part_[r] .. first_part_[r + 1]), in their
   // order, likewise; its result goes to buffers_[r], the last of them. A rank each when

@@ -1,7 +1,7 @@
 #pragma once
 // The CPU backend's own kernels: the small operations oneDNN has no primitive for, each
 // defined in its op's file (input.cpp, activation.cpp, loss.cpp, update.cpp, norm.cpp,
-// reduce.cpp; conv1, pool and conv2's backward have headers of their own).
+// factor_product.cpp, reduce.cpp; conv1, pool and conv2's backward have headers of their own).
 // All run on the calling thread (a device's compute stream) and allocate nothing.
 #include <cstddef>
 #include <cstdint>

@@ -302,8 +302,9 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
     checkpoint.shard_order = true;
   }
   if (const auto exchange = metadata->find("fc1_exchange"); exchange != metadata->end()) {
-    if (*exchange != "factors") fail(path, "metadata 'fc1_exchange' is " + exchange->dump() + ", not \"factors\"");
-    checkpoint.fc1_factors = true;
+    if (*exchange != "factors" && *exchange != "gradients")
+      fail(path, "metadata 'fc1_exchange' is " + exchange->dump() + ", not \"factors\" or \"gradients\"");
+    checkpoint.fc1_factors = *exchange == "factors";
   }
   if (with_state) {
     // Version 1 kept no count: its SGD buffer had started once a step was taken.

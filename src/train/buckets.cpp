@@ -13,7 +13,8 @@ std::vector<Bucket> make_buckets(double bucket_mb, int left_out) {
   bool open = false;
   for (int layer = kLayers - 1; layer >= 0; --layer) {
     const Range range = layer_range(layer);
-    if (layer == left_out) {
+    if (layer == left_out) {  // closes the open bucket, as filling it would
+      if (open) cap = bucket_mb * kMiB;
       open = false;
       continue;
     }

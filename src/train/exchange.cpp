@@ -12,16 +12,17 @@ bool exchanges_factors(const TrainConfig& config, const Place& place, std::uint3
   const bool asked = config.exchange == Exchange::kFactors;
   std::vector<int> ids = config.devices;
   std::sort(ids.begin(), ids.end());
-  const char* why = config.mode != Mode::kDdp ? "--mode dp gathers the network's outputs instead"
-                    : !backend.exchanges_factors() ? "only CPU devices exchange them"
-                    : std::adjacent_find(ids.begin(), ids.end()) != ids.end()
-                        ? "ranks sharing a device meet in the local group, which gathers nothing"
-                    : shards != static_cast<std::uint32_t>(place.world)
-                        ? "this resumed run computes several shards a rank"
-                        : nullptr;
-  if (why != nullptr) {
+  const std::string why =
+      config.mode != Mode::kDdp ? "--mode dp gathers the network's outputs instead"
+      : !backend.exchanges_factors() ? "fc1's factors are exchanged on CPU devices only (--cpu)"
+      : std::adjacent_find(ids.begin(), ids.end()) != ids.end() ? "ranks that share a device cannot exchange them"
+      : shards != static_cast<std::uint32_t>(place.world)
+          ? "this run resumes a checkpoint of " + std::to_string(shards) + " ranks on " +
+                std::to_string(place.world) + ", each computing several of its shards"
+          : "";
+  if (!why.empty()) {
     if (!asked) return false;
-    throw InputError(std::string("--exchange factors: ") + why + "; use --exchange gradients or auto", "exchange");
+    throw InputError("--exchange factors: " + why + "; use --exchange gradients or auto", "exchange");
   }
   return asked || factors_pay(config.batch, place);
 }
