@@ -32,8 +32,8 @@ bool exchanges_factors(const TrainConfig& config, const Place& place, std::uint3
 // B x kFactorWidth. But each rank then forms fc1's weight product over W x B rows instead
 // of B, and within one process the allreduce is a pass over shared memory, not a wire.
 // Measured on 2 cores (docs/benchmarks.md, "Exchanging fc1's factors"), factors against
-// gradients at batch 1, 4, 16, 64 a rank: across 2 processes over TCP 4.05x, 2.46x, 1.31x,
-// 1.02x; in one process 1.74x, 1.08x, 0.93x, 0.94x. So auto takes factors where the world
+// gradients at batch 1, 4, 16, 64 a rank: across 2 processes over TCP 3.89x, 2.44x, 1.54x,
+// 1.04x; in one process 1.58x, 1.28x, 0.94x, 0.94x. So auto takes factors where the world
 // spans processes and its batch (B x W) is at most 64, and in one process up to 8.
 bool factors_pay(std::uint32_t batch, const Place& place) {
   const std::uint64_t world_batch = std::uint64_t{batch} * static_cast<std::uint64_t>(place.world);
