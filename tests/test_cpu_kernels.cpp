@@ -634,14 +634,13 @@ TEST_P(Factors, ProductRowsAndNormFromTheFactors) {
       factor_product_rows_variant(Isa::kAvx2)(g.data(), x.data(), rows, 0, kHidden, avx2.data());
       EXPECT_EQ(whole, avx2) << rows;
     }
-    double got = -1, portable = -1;
-    factor_product_squares_variant(isa())(g.data(), x.data(), rows, &got);
-    factor_product_squares_variant(Isa::kPortable)(g.data(), x.data(), rows, &portable);
+    double got = factor_product_squares(g.data(), x.data(), rows, isa());
+    const double portable = factor_product_squares(g.data(), x.data(), rows, Isa::kPortable);
     EXPECT_EQ(got, portable) << rows;
     EXPECT_NEAR(got, squares, 1e-5 * squares) << rows;
     std::vector<float> bad = x;
     bad[kFlat / 2] = std::numeric_limits<float>::quiet_NaN();
-    factor_product_squares_variant(isa())(g.data(), bad.data(), rows, &got);
+    got = factor_product_squares(g.data(), bad.data(), rows, isa());
     EXPECT_FALSE(std::isfinite(got)) << rows;
   }
 }

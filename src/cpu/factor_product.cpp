@@ -48,33 +48,28 @@ template <std::size_t B>
   }
 }
 
-// a . b in double over 32 lanes added in lane order: a float product is exact in double,
-// so every ISA adds the same values in the same order (as sum_of_squares does), fused or not.
-template <std::size_t>  // auto-vectorised
-[[gnu::always_inline]] inline void dot_body(const float* a, const float* b, std::size_t count, double* out) {
-  constexpr std::size_t kLanes = 32;
-  double lanes[kLanes] = {};
-  std::size_t i = 0;
-  for (; i + kLanes <= count; i += kLanes)
-    for (std::size_t j = 0; j < kLanes; ++j) lanes[j] += double{a[i + j]} * double{b[i + j]};
-  for (std::size_t j = 0; i + j < count; ++j) lanes[j] += double{a[i + j]} * double{b[i + j]};
-  double sum = 0;
-  for (double lane : lanes) sum += lane;
-  *out = sum;
-}
-
 MNIST_MT_ISA_VARIANTS(factor_rows, factor_rows_body,
                       (const float* g, const float* x, std::uint32_t rows, std::size_t first, std::size_t count,
                        float* out),
                       (g, x, rows, first, count, out))
-MNIST_MT_ISA_VARIANTS(dot, dot_body, (const float* a, const float* b, std::size_t count, double* out),
-                      (a, b, count, out))
-using DotFn = void (*)(const float*, const float*, std::size_t, double*);
+
+}  // namespace
+
+FactorRowsFn factor_product_rows_variant(Isa isa) {
+  return pick<FactorRowsFn>(isa, factor_rows_avx512, factor_rows_avx2, factor_rows_portable);
+}
+
+void factor_product_rows(const float* g, const float* x, std::uint32_t rows, std::size_t first, std::size_t count,
+                         float* out) {
+  static const FactorRowsFn fn = factor_product_rows_variant(kernel_isa());
+  fn(g, x, rows, first, count, out);
+}
 
 // ||G^T X||^2 = sum over row pairs (a, b) of (g_a . g_b)(x_a . x_b). The dot products run
-// on the ISA's vectors; their products and sum here, in baseline code, where nothing fuses
-// a multiply with an add: the same bits on every ISA.
-void factor_squares(DotFn dot, const float* g, const float* x, std::uint32_t rows, double* out) {
+// on the ISA's vectors (norm.cpp's, in lane order); their products and sum here, in
+// baseline code, where nothing fuses a multiply with an add: the same bits on every ISA.
+double factor_product_squares(const float* g, const float* x, std::uint32_t rows, Isa isa) {
+  const DotFn dot = dot_in_order_variant(isa);
   double total = 0;
   for (std::uint32_t a = 0; a < rows; ++a) {
     for (std::uint32_t b = 0; b <= a; ++b) {
@@ -84,35 +79,7 @@ void factor_squares(DotFn dot, const float* g, const float* x, std::uint32_t row
       total += (a == b ? 1.0 : 2.0) * gg * xx;
     }
   }
-  *out = total;
-}
-
-}  // namespace
-
-FactorRowsFn factor_product_rows_variant(Isa isa) {
-  return pick<FactorRowsFn>(isa, factor_rows_avx512, factor_rows_avx2, factor_rows_portable);
-}
-FactorSquaresFn factor_product_squares_variant(Isa isa) {
-  return pick<FactorSquaresFn>(
-      isa,
-      [](const float* g, const float* x, std::uint32_t rows, double* out) { factor_squares(dot_avx512, g, x, rows, out); },
-      [](const float* g, const float* x, std::uint32_t rows, double* out) { factor_squares(dot_avx2, g, x, rows, out); },
-      [](const float* g, const float* x, std::uint32_t rows, double* out) {
-        factor_squares(dot_portable, g, x, rows, out);
-      });
-}
-
-void factor_product_rows(const float* g, const float* x, std::uint32_t rows, std::size_t first, std::size_t count,
-                         float* out) {
-  static const FactorRowsFn fn = factor_product_rows_variant(kernel_isa());
-  fn(g, x, rows, first, count, out);
-}
-
-double factor_product_squares(const float* g, const float* x, std::uint32_t rows) {
-  static const FactorSquaresFn fn = factor_product_squares_variant(kernel_isa());
-  double sum = 0;
-  fn(g, x, rows, &sum);
-  return sum;
+  return total;
 }
 
 }  // namespace mnist_mt::cpu

@@ -57,11 +57,10 @@ void factor_product_rows(const float* g, const float* x, std::uint32_t rows, std
                          float* out);
 // The squared norm of that whole product from the factors: the sum over row pairs (a, b)
 // of (g_a . g_b)(x_a . x_b), in double, the same on every ISA.
-double factor_product_squares(const float* g, const float* x, std::uint32_t rows);
+// Its dot products on `isa`'s vectors (the same bits on every ISA).
+double factor_product_squares(const float* g, const float* x, std::uint32_t rows, Isa isa = kernel_isa());
 using FactorRowsFn = void (*)(const float*, const float*, std::uint32_t, std::size_t, std::size_t, float*);
-using FactorSquaresFn = void (*)(const float*, const float*, std::uint32_t, double*);
-FactorRowsFn factor_product_rows_variant(Isa isa);        // factor_product.cpp
-FactorSquaresFn factor_product_squares_variant(Isa isa);  // factor_product.cpp
+FactorRowsFn factor_product_rows_variant(Isa isa);  // factor_product.cpp
 
 // out[j][i] = (((in[0][i] + in[1][i]) + in[2][i]) + ...) for i in [begin, begin + count)
 // and every j, an average divided by `divisor` (times its inverse when a power of two:
@@ -82,6 +81,9 @@ DropoutForwardFn dropout_forward_variant(Isa isa);          // activation.cpp
 ReluDropoutBackwardFn relu_dropout_backward_variant(Isa isa);  // activation.cpp
 OptimizerUpdateFn optimizer_update_variant(Isa isa);        // update.cpp
 SumOfSquaresFn sum_of_squares_variant(Isa isa);             // norm.cpp
+// a . b in double, added in sum_of_squares' order (sum_of_squares is x . x).
+using DotFn = void (*)(const float*, const float*, std::size_t, double*);
+DotFn dot_in_order_variant(Isa isa);                         // norm.cpp
 struct ElementKernels {
   DropoutForwardFn dropout_forward;
   ReluDropoutBackwardFn relu_dropout_backward;
