@@ -21,7 +21,7 @@
 #include <dnnl.hpp>
 
 #include "cpu/conv1.hpp"
-#include "cpu/conv2.hpp"
+#include "cpu/conv2_forward.hpp"
 #include "cpu/conv2_backward.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/kernels.hpp"
@@ -87,7 +87,7 @@ class KernelTest : public ::testing::TestWithParam<Isa> {
 };
 
 // One suite per operation, named as in test_cuda_kernels (Conv2: conv2_backward.cpp and
-// winograd.cpp), each run on every instruction set; Input and Loss have one variant.
+// conv2_winograd.cpp), each run on every instruction set; Input and Loss have one variant.
 // --gtest_filter '*Pool*' finds pool.cpp's tests here (PoolReference too) and pool.cu's in
 // test_cuda_kernels.
 class Conv1 : public KernelTest {};

@@ -80,7 +80,7 @@ class CudaKernels : public ::testing::Test {
 };
 
 // One suite per operation, named as its source file (input.cu, activation.cu, pool.cu,
-// bias_grad.cu, loss.cu, update.cu, fc.cpp) or, for conv.cpp's one class, as the layer it
+// bias_grad.cu, loss.cu, update.cu, norm.cu, fc.cpp) or, for conv.cpp's one class, as the layer it
 // runs (Conv1, Conv2, as the CPU's conv1.cpp and conv2*.cpp): --gtest_filter '*Pool*'
 // finds pool.cu's tests here and pool.cpp's in test_cpu_kernels.
 class Input : public CudaKernels {};
@@ -89,6 +89,7 @@ class Pool : public CudaKernels {};
 class BiasGrad : public CudaKernels {};
 class Loss : public CudaKernels {};
 class Update : public CudaKernels {};
+class Norm : public CudaKernels {};
 class Conv1 : public CudaKernels {};
 class Conv2 : public CudaKernels {};
 class Fc : public CudaKernels {};
@@ -281,6 +282,37 @@ TEST_F(Update, OptimizerUpdate) {
         ASSERT_TRUE(same(p[i], ref_p[i]) && same(m[i], ref_m[i]) && same(v[i], ref_v[i])) << "at " << i;
       }
     }
+}
+
+// The gradients' sum of squares: each float's square is exact in double, so any order of
+// m terms is within m * 2^-53 * sum of the exact sum (summed here in float64); the same
+// bits on a second run (the guard's decision must not depend on the run); one NaN or
+// infinity anywhere makes the sum NaN or infinite. Sizes below a block, below one grid,
+// past it, and the model's parameter count.
+TEST_F(Norm, SumOfSquares) {
+  for (const std::size_t count : {std::size_t{1}, std::size_t{300}, std::size_t{kSquareBlocks} * 256 - 1,
+                                  std::size_t{kSquareBlocks} * 256 * 5 + 17, std::size_t{kParamCount}}) {
+    SCOPED_TRACE(testing::Message() << count << " elements");
+    const std::vector<float> x = uniform(count, -3, 3, 13);
+    const auto d_x = upload(x, stream());
+    DeviceBuffer<double> scratch(kSquareScratch);
+    sum_of_squares(d_x.data(), count, scratch.data(), stream());
+    const double first = download(scratch, kSquareScratch, stream())[kSquareBlocks];
+    sum_of_squares(d_x.data(), count, scratch.data(), stream());
+    const double second = download(scratch, kSquareScratch, stream())[kSquareBlocks];
+    double exact = 0;
+    for (const float v : x) exact += static_cast<double>(v) * v;
+    EXPECT_NEAR(first, exact, static_cast<double>(count) * 0x1p-53 * exact);
+    EXPECT_EQ(std::memcmp(&first, &second, sizeof first), 0) << first << " then " << second;
+    for (const float bad : {std::nanf(""), INFINITY}) {
+      std::vector<float> y = x;
+      y[count / 2] = bad;
+      const auto d_y = upload(y, stream());
+      sum_of_squares(d_y.data(), count, scratch.data(), stream());
+      const double sum = download(scratch, kSquareScratch, stream())[kSquareBlocks];
+      EXPECT_TRUE(std::isnan(bad) ? std::isnan(sum) : std::isinf(sum)) << sum;
+    }
+  }
 }
 
 // ---- cuDNN and cuBLAS ----

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "batched_matmul.hpp"
+#include "conv2_matmul.hpp"
 #include "mnist_mt/model.hpp"
 
 namespace mnist_mt::cpu {

@@ -1,13 +1,13 @@
 #pragma once
 // conv2's backward pass (32 -> 64 channels, 3x3, on 26x26) by Winograd F(4x4, 3x3): the
-// transforms of winograd.hpp and, between them, batched matrix products over the 36
+// transforms of conv2_winograd.hpp and, between them, batched matrix products over the 36
 // positions of a tile (oneDNN matmul), with a quarter of direct convolution's
 // multiplications. oneDNN has Winograd kernels for AVX-512 only; ours measured faster
 // than those too. One pass computes the weight, bias and input gradients, chunk by chunk
 // of a few images so that the transformed tiles stay in cache. All memory is taken at
 // construction.
 //
-// The forward pass is not this F(4x4, 3x3) (conv2.hpp: oneDNN's Winograd on AVX-512, our
+// The forward pass is not this F(4x4, 3x3) (conv2_forward.hpp: oneDNN's Winograd on AVX-512, our
 // F(2x2, 3x3) on AVX2, oneDNN's direct convolution on SSE2, all of which agree with
 // PyTorch's golden steps): in the forward,
 // this Winograd's rounding moved a max-pooling tie in the golden three-step test and with
@@ -21,7 +21,7 @@
 #include "aligned.hpp"
 #include "isa.hpp"
 #include "step.hpp"
-#include "winograd.hpp"
+#include "conv2_winograd.hpp"
 
 namespace mnist_mt::cpu {
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "aligned.hpp"
-#include "factors.hpp"
+#include "fc1_factors.hpp"
 #include "mnist_mt/optimizer.hpp"
 #include "mnist_mt/replica.hpp"
 

@@ -5,7 +5,7 @@
 #include <mutex>
 #include <string>
 
-#include "conv2.hpp"
+#include "conv2_forward.hpp"
 #include "fc.hpp"
 #include "mnist_mt/error.hpp"
 #include "plan_builder.hpp"

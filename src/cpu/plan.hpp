@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "aligned.hpp"
-#include "conv2.hpp"
+#include "conv2_forward.hpp"
 #include "conv2_backward.hpp"
 #include "isa.hpp"
 #include "step.hpp"

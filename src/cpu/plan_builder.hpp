@@ -1,7 +1,7 @@
 #pragma once
 // Builds a Plan's oneDNN steps: memory bound to the replica's buffers, primitives
 // recorded with the implementation oneDNN picked, reorders where a layout differs.
-// Used by the files of the layers that run through oneDNN (conv2.cpp, fc.cpp).
+// Used by the files of the layers that run through oneDNN (conv2_forward.cpp, fc.cpp).
 #include <dnnl.hpp>
 #include <initializer_list>
 #include <string>

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "conv1.hpp"
-#include "factors.hpp"
+#include "fc1_factors.hpp"
 #include "optimizer_state.hpp"
 #include "input.hpp"
 #include "kernels.hpp"

@@ -1,5 +1,5 @@
 #pragma once
-// What conv2's Winograd passes (conv2.hpp, conv2_backward.hpp) share: their chunks of
+// What conv2's Winograd passes (conv2_forward.hpp, conv2_backward.hpp) share: their chunks of
 // images, and the oneDNN matmuls over a tile's positions between their transforms.
 #include <cstdint>
 #include <dnnl.hpp>

@@ -1,5 +1,5 @@
 #pragma once
-// What the Winograd transforms of conv2 (winograd.cpp, winograd_f2.cpp) share: a
+// What the Winograd transforms of conv2 (conv2_winograd.cpp, conv2_winograd_f2.cpp) share: a
 // two-dimensional transform made of a one-dimensional one, and the offset of an element
 // in the ISA's blocked activation layout.
 #include <cstddef>

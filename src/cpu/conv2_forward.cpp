@@ -1,11 +1,11 @@
 // conv2's forward: oneDNN's convolution on the blocked layout of the ISA, or our
 // Winograd F(2x2, 3x3). Its backward is conv2_backward.cpp.
-#include "conv2.hpp"
+#include "conv2_forward.hpp"
 
-#include "batched_matmul.hpp"
+#include "conv2_matmul.hpp"
 #include "mnist_mt/model.hpp"
 #include "plan_builder.hpp"
-#include "winograd.hpp"
+#include "conv2_winograd.hpp"
 
 namespace mnist_mt::cpu {
 namespace {
@@ -25,7 +25,7 @@ bool own_conv2_forward(Isa isa) { return isa == Isa::kAvx2; }
 Conv2WinogradForward::Conv2WinogradForward(const dnnl::engine& engine, std::uint32_t batch, Isa isa)
     : kernels_(winograd_f2_kernels(isa)), batch_(batch), chunk_(chunk_for(batch, kMaxChunk)) {
   const Dim t = Dim{kWinoF2Tiles} * chunk_;
-  plane_v_ = wino_plane(static_cast<std::size_t>(t), kIc);  // winograd.hpp's padding
+  plane_v_ = wino_plane(static_cast<std::size_t>(t), kIc);  // conv2_winograd.hpp's padding
   plane_m_ = wino_plane(static_cast<std::size_t>(t), kOc);
   u_ = aligned_zeros<float>(kXi * kIc * kOc);
   v_ = aligned_zeros<float>(kXi * plane_v_);

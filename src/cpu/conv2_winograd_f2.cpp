@@ -1,8 +1,8 @@
-#include "winograd_f2.hpp"
+#include "conv2_winograd_f2.hpp"
 
 #include "mnist_mt/model.hpp"
 #include "simd.hpp"
-#include "tiles.hpp"
+#include "conv2_tiles.hpp"
 
 namespace mnist_mt::cpu {
 namespace {

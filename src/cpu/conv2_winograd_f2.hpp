@@ -4,7 +4,7 @@
 // element-wise products per channel pair instead of 36 multiply-adds (Lavin & Gray's
 // B, G and A for F(2, 3)). Its rounding is close to a direct convolution's: its
 // transforms add at most four terms, and G's halves are exact. The channel sums between
-// the transforms are batched matrix products (conv2.hpp). Position xi = 4*row + column of
+// the transforms are batched matrix products (conv2_forward.hpp). Position xi = 4*row + column of
 // a 4x4 tile; tile t = 144*image + 12*tile_row + tile_column. Activations are nChw{B}c.
 #include <cstddef>
 #include <cstdint>

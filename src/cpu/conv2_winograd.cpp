@@ -1,8 +1,8 @@
-#include "winograd.hpp"
+#include "conv2_winograd.hpp"
 
 #include "mnist_mt/model.hpp"
 #include "simd.hpp"
-#include "tiles.hpp"
+#include "conv2_tiles.hpp"
 
 namespace mnist_mt::cpu {
 namespace {

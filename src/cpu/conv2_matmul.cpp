@@ -1,4 +1,4 @@
-#include "batched_matmul.hpp"
+#include "conv2_matmul.hpp"
 
 #include <algorithm>
 #include <tuple>

@@ -1,7 +1,7 @@
 #pragma once
 // conv2's forward (32 -> 64 channels, 3x3, on 26x26; bias, no ReLU: the pooling applies
 // it): oneDNN's convolution (its Winograd on AVX-512, direct on SSE2), or on AVX2 our
-// Winograd F(2x2, 3x3) (winograd_f2.hpp), which measured faster there than oneDNN's
+// Winograd F(2x2, 3x3) (conv2_winograd_f2.hpp), which measured faster there than oneDNN's
 // direct convolution. Its backward is conv2_backward.cpp.
 #include <cstdint>
 #include <dnnl.hpp>
@@ -11,7 +11,7 @@
 #include "aligned.hpp"
 #include "isa.hpp"
 #include "step.hpp"
-#include "winograd_f2.hpp"
+#include "conv2_winograd_f2.hpp"
 
 namespace mnist_mt::cpu {
 

@@ -1,4 +1,4 @@
-#include "factors.hpp"
+#include "fc1_factors.hpp"
 
 #include <limits>
 
