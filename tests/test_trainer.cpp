@@ -262,62 +262,81 @@ TEST(Trainer, DataParallelReportsBroadcastAndGatherWithTheOtherPhases) {
 // --trace: per rank, every phase of every traced step on its lane, each bucket's
 // allreduce on the comm stream, and the first bucket's allreduce under backward.
 TEST(Trainer, TraceShowsEveryPhaseOfEveryRankAndTheFirstAllreduceUnderBackward) {
-  const auto path =
-      std::filesystem::temp_directory_path() / ("mnist_mt_trace_" + std::to_string(::getpid()) + ".json");
-  constexpr int kWorld = 2, kTraced = 10;
-  TrainConfig c = config_for(kWorld, 8);
-  c.max_steps = 12;
-  c.trace = path;
-  c.trace_steps = kTraced;
-  run(c);
-  std::ifstream in(path);
-  const auto trace = nlohmann::json::parse(in);
-  std::filesystem::remove(path);
-  struct Span {
-    double begin = -1, end = -1;
-    int tid = -1;
-  };
-  // (rank, step, name) -> span; allreduces are named by bucket.
-  std::map<std::tuple<int, int, std::string>, Span> spans;
-  std::set<int> named;
-  for (const auto& e : trace.at("traceEvents")) {
-    if (e.at("ph") == "M") {
-      if (e.at("name") == "process_name") named.insert(e.at("pid").get<int>());
-      continue;
+  for (const Exchange exchange : {Exchange::kGradients, Exchange::kFactors}) {
+    SCOPED_TRACE(exchange == Exchange::kFactors ? "factors" : "gradients");
+    const auto path =
+        std::filesystem::temp_directory_path() / ("mnist_mt_trace_" + std::to_string(::getpid()) + ".json");
+    constexpr int kWorld = 2, kTraced = 10;
+    TrainConfig c = config_for(kWorld, 8);
+    c.max_steps = 12;
+    c.trace = path;
+    c.trace_steps = kTraced;
+    c.exchange = exchange;
+    run(c);
+    std::ifstream in(path);
+    const auto trace = nlohmann::json::parse(in);
+    std::filesystem::remove(path);
+    struct Span {
+      double begin = -1, end = -1;
+      int tid = -1;
+    };
+    // (rank, step, name) -> span; allreduces are named by bucket.
+    std::map<std::tuple<int, int, std::string>, Span> spans;
+    std::set<int> named;
+    for (const auto& e : trace.at("traceEvents")) {
+      if (e.at("ph") == "M") {
+        if (e.at("name") == "process_name") named.insert(e.at("pid").get<int>());
+        continue;
+      }
+      ASSERT_EQ(e.at("ph"), "X");
+      std::string name = e.at("name").get<std::string>();
+      if (e.at("args").contains("bucket")) name += " " + std::to_string(e.at("args").at("bucket").get<int>());
+      const auto key = std::make_tuple(e.at("pid").get<int>(), e.at("args").at("step").get<int>(), name);
+      const double ts = e.at("ts").get<double>();
+      EXPECT_EQ(spans.count(key), 0u) << name;
+      spans[key] = {ts, ts + e.at("dur").get<double>(), e.at("tid").get<int>()};
     }
-    ASSERT_EQ(e.at("ph"), "X");
-    std::string name = e.at("name").get<std::string>();
-    if (e.at("args").contains("bucket")) name += " " + std::to_string(e.at("args").at("bucket").get<int>());
-    const auto key = std::make_tuple(e.at("pid").get<int>(), e.at("args").at("step").get<int>(), name);
-    const double ts = e.at("ts").get<double>();
-    EXPECT_EQ(spans.count(key), 0u) << name;
-    spans[key] = {ts, ts + e.at("dur").get<double>(), e.at("tid").get<int>()};
-  }
-  EXPECT_EQ(named, (std::set<int>{0, 1}));
-  const auto count = [&](int rank, int step, const std::string& name) { return spans.count({rank, step, name}); };
-  const auto span = [&](int rank, int step, const std::string& name) { return spans[{rank, step, name}]; };
-  const auto buckets = static_cast<int>(make_buckets(c.bucket_mb).size());
-  for (int rank = 0; rank < kWorld; ++rank) {
-    // The comm thread may be scheduled late in any one step on a loaded machine; an
-    // allreduce that waited for the whole backward would begin after it in every step.
-    int overlapped = 0;
-    for (int step = 0; step < kTraced; ++step) {
-      SCOPED_TRACE(testing::Message() << "rank " << rank << " step " << step);
-      for (const char* phase : {"data wait", "forward", "backward", "comm wait", "optimizer"})
-        EXPECT_EQ(count(rank, step, phase), 1u) << phase;
-      for (int b = 0; b < buckets; ++b)
-        EXPECT_EQ(count(rank, step, "allreduce " + std::to_string(b)), 1u) << b;
-      const Span backward = span(rank, step, "backward");
-      const Span first = span(rank, step, "allreduce 0");
-      EXPECT_EQ(backward.tid, 0);
-      EXPECT_EQ(first.tid, 1);
-      EXPECT_GE(first.begin, backward.begin);
-      if (first.begin < backward.end) ++overlapped;
-      EXPECT_LE(span(rank, step, "forward").end, backward.begin + 1e-3);
+    EXPECT_EQ(named, (std::set<int>{0, 1}));
+    const auto count = [&](int rank, int step, const std::string& name) { return spans.count({rank, step, name}); };
+    const auto span = [&](int rank, int step, const std::string& name) { return spans[{rank, step, name}]; };
+    const bool factors = exchange == Exchange::kFactors;
+    const auto buckets = static_cast<int>(make_buckets(c.bucket_mb, factors ? kFc1 : -1).size());
+    for (int rank = 0; rank < kWorld; ++rank) {
+      // The comm thread may be scheduled late in any one step on a loaded machine; an
+      // allreduce that waited for the whole backward would begin after it in every step.
+      int overlapped = 0;
+      for (int step = 0; step < kTraced; ++step) {
+        SCOPED_TRACE(testing::Message() << "rank " << rank << " step " << step);
+        for (const char* phase : {"data wait", "forward", "backward", "comm wait", "optimizer"})
+          EXPECT_EQ(count(rank, step, phase), 1u) << phase;
+        for (int b = 0; b < buckets; ++b)
+          EXPECT_EQ(count(rank, step, "allreduce " + std::to_string(b)), 1u) << b;
+        EXPECT_EQ(count(rank, step, "allreduce " + std::to_string(buckets)), 0u);
+        const Span backward = span(rank, step, "backward");
+        const Span first = span(rank, step, "allreduce 0");
+        EXPECT_EQ(backward.tid, 0);
+        EXPECT_EQ(first.tid, 1);
+        EXPECT_GE(first.begin, backward.begin);
+        if (first.begin < backward.end) ++overlapped;
+        EXPECT_LE(span(rank, step, "forward").end, backward.begin + 1e-3);
+        // fc1's factors: its input once the forward has it, its output gradient before the
+        // convolutions' buckets, both on the comm stream, both before the update.
+        for (const char* gather : {"allgather fc1 input", "allgather fc1 output gradient"})
+          ASSERT_EQ(count(rank, step, gather), factors ? 1u : 0u) << gather;
+        if (!factors) continue;
+        const Span input = span(rank, step, "allgather fc1 input");
+        const Span output_grad = span(rank, step, "allgather fc1 output gradient");
+        EXPECT_EQ(input.tid, 1);
+        EXPECT_EQ(output_grad.tid, 1);
+        EXPECT_GE(input.begin, span(rank, step, "forward").end - 1e-3);
+        EXPECT_GE(output_grad.begin, input.end - 1e-3);
+        EXPECT_LE(output_grad.end, span(rank, step, "optimizer").begin + 1e-3);
+      }
+      EXPECT_GT(overlapped, 0) << "rank " << rank
+                               << ": the first bucket's allreduce waited for all of backward in each of " << kTraced
+                               << " steps";
+      EXPECT_EQ(count(rank, kTraced, "forward"), 0u) << "steps past --trace-steps";
     }
-    EXPECT_GT(overlapped, 0) << "rank " << rank << ": the first bucket's allreduce waited for all of backward in each of "
-                             << kTraced << " steps";
-    EXPECT_EQ(count(rank, kTraced, "forward"), 0u) << "steps past --trace-steps";
   }
 }
 

@@ -208,24 +208,28 @@ class DdpWorker {
     // With factors exchanged (no shards then: exchange.cpp), fc1's input goes to every
     // rank while backward runs, and the gradient at its output once backward has it.
     const Replica::Factors factors = factors_ ? replica_->factors() : Replica::Factors{};
+    timer_.end_forward();
     if (factors_) {
       device_.comm_wait_compute();
+      timer_.begin_comm(StepTimer::Exchange::kFc1Input);
       comm_.allgather(factors.input, factors.all_inputs, std::size_t{rows} * kFlat);
+      timer_.end_comm();
     }
-    timer_.end_forward();
 
     run_.beat(rank_, step_, Phase::kBackward);
     std::size_t next = 0;
     replica_->backward([&](int layer) {
       if (factors_ && layer == kFc1) {
         device_.comm_wait_compute();
+        timer_.begin_comm(StepTimer::Exchange::kFc1OutputGrad);
         comm_.allgather(factors.output_grad, factors.all_output_grads, std::size_t{rows} * kHidden);
+        timer_.end_comm();
       }
       if (next < buckets_.size() && buckets_[next].ready_layer == layer) {
         device_.comm_wait_compute();
-        timer_.begin_allreduce();
+        timer_.begin_comm(StepTimer::Exchange::kAllreduce);
         allreduce(buckets_[next]);
-        timer_.end_allreduce();
+        timer_.end_comm();
         ++next;
       }
     });

@@ -26,6 +26,16 @@ void StepTimer::add(Lane lane) {
   s.marks[s.count++] = device_.mark(lane);
 }
 
+void StepTimer::begin_comm(Exchange what) {
+  Step& s = open();
+  if (s.count < 2 || s.count % 2 != 0)
+    throw RuntimeFailure("a comm span began at time mark " + std::to_string(s.count) + " of its step");
+  const std::size_t span = (s.count - 2) / 2;
+  if (span == kMaxComm) throw RuntimeFailure("a step made more than " + std::to_string(kMaxComm) + " comm spans");
+  s.exchanged[span] = what;
+  add(Lane::kComm);
+}
+
 void StepTimer::replayed(std::span<const TimeMark> marks) {
   Step& s = open();
   if (s.count + marks.size() > kMaxMarks)
@@ -60,8 +70,15 @@ void StepTimer::trace(const Step& s) {
   span(TraceLane::kCompute, "backward", s.marks[1], s.from_end(2), -1);
   span(TraceLane::kCompute, "comm wait", s.from_end(2), s.from_end(1), -1);
   span(TraceLane::kCompute, "optimizer", s.from_end(1), s.from_end(0), -1);
-  for (std::size_t b = 0; b < s.buckets(); ++b)
-    span(TraceLane::kComm, "allreduce", s.marks[2 + 2 * b], s.marks[3 + 2 * b], static_cast<int>(b));
+  int bucket = 0;
+  for (std::size_t k = 0; k < s.comm_spans(); ++k) {
+    const TimeMark &from = s.marks[2 + 2 * k], &to = s.marks[3 + 2 * k];
+    switch (s.exchanged[k]) {
+      case Exchange::kAllreduce: span(TraceLane::kComm, "allreduce", from, to, bucket++); break;
+      case Exchange::kFc1Input: span(TraceLane::kComm, "allgather fc1 input", from, to, -1); break;
+      case Exchange::kFc1OutputGrad: span(TraceLane::kComm, "allgather fc1 output gradient", from, to, -1); break;
+    }
+  }
 }
 
 }  // namespace mnist_mt

@@ -4,8 +4,8 @@
 // phases are those of --metrics: forward (from the step's first work on the compute
 // stream, its input included), backward, comm wait (the compute stream waiting for the
 // comm stream before the update: exposed communication) and optimizer; each bucket's
-// allreduce on the comm stream is traced too. A recorded step's replay gives the same
-// marks (Device::replay).
+// allreduce and, with --exchange factors, each allgather of fc1's factors on the comm
+// stream are traced too. A recorded step's replay gives the same marks (Device::replay).
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -27,9 +27,11 @@ class StepTimer {
   // host's wait for the batch, steady-clock seconds (traced; the caller times it).
   void begin(std::uint64_t step, double data_begin, double data_end);
   void end_forward() { add(Lane::kCompute); }
-  // At most one bucket per layer (buckets.hpp).
-  void begin_allreduce() { add(Lane::kComm); }
-  void end_allreduce() { add(Lane::kComm); }
+  // What a span on the comm stream exchanges: a bucket's gradients (at most one bucket per
+  // layer: buckets.hpp), or fc1's input or output gradient (--exchange factors).
+  enum class Exchange : std::uint8_t { kAllreduce, kFc1Input, kFc1OutputGrad };
+  void begin_comm(Exchange what);
+  void end_comm() { add(Lane::kComm); }
   void end_backward() { add(Lane::kCompute); }
   void end_comm_wait() { add(Lane::kCompute); }
   void end_step() { add(Lane::kCompute); }
@@ -45,19 +47,22 @@ class StepTimer {
   // a later call. Never blocks.
   void harvest(PhaseSeconds& into);
 
-  // The most marks a step makes: begin, forward, two per bucket, backward, comm wait, end.
-  static constexpr std::size_t kMaxMarks = 5 + 2 * kLayers;
+  // The most marks a step makes: begin, forward, two per bucket and per allgather (two),
+  // backward, comm wait, end.
+  static constexpr std::size_t kMaxComm = kLayers + 2;
+  static constexpr std::size_t kMaxMarks = 5 + 2 * kMaxComm;
 
  private:
-  // marks[0] begin, [1] forward, then each bucket's allreduce begin and end, and the
-  // last three backward, comm wait and end.
+  // marks[0] begin, [1] forward, then each comm span's begin and end (what it exchanges in
+  // `exchanged`, in the same order), and the last three backward, comm wait and end.
   struct Step {
     std::uint64_t step = 0;
     double data_begin = 0, data_end = 0;
     // Fixed-size, so that a step allocates nothing for its timing.
     std::array<TimeMark, kMaxMarks> marks;
+    std::array<Exchange, kMaxComm> exchanged{};  // a replayed step's: allreduces (no factors on GPUs)
     std::size_t count = 0;
-    std::size_t buckets() const { return (count - 5) / 2; }
+    std::size_t comm_spans() const { return (count - 5) / 2; }
     const TimeMark& from_end(std::size_t k) const { return marks[count - 1 - k]; }
   };
   Step& open() { return steps_.back(); }
