@@ -8,6 +8,8 @@ and the final test accuracy of each, with the machine, the date and the commands
     bench/compare.py --device cuda --ranks 2 ...   # GPUs 0..ranks-1, nccl for the template
     bench/compare.py ... --json bench/results/compare.jsonl   # also keep the results for bench/plot.py
     bench/compare.py --against pypi ...            # the official PyTorch at its best instead
+    bench/compare.py --exchange gradients,factors ...   # mnist_mt once per exchange of fc1, the
+                                                   # other side once; a table and record each
 
 The template runs on OpenBLAS (Debian's python3-torch otherwise takes the reference
 BLAS); the script installs it with scripts/setup.sh and refuses to compare against a
@@ -55,6 +57,9 @@ def parse_args():
     p.add_argument("--against", choices=["template", "pypi"], default="template",
                    help="pypi: the official PyTorch at its best (bench/pytorch/recipe.py), CPU only")
     p.add_argument("--torch-python", type=Path, help="with --against pypi: a Python with torch instead of the venv")
+    p.add_argument("--exchange", default="gradients",
+                   help="mnist_mt's --exchange, or several, comma-separated: mnist_mt runs once with each "
+                        "(gradients, factors, auto), the other side once")
     p.add_argument("--out", help="also write the Markdown to this file")
     p.add_argument("--json", help="also append the comparison, with both runs' epochs, to this JSON-lines file "
                    "(bench/plot.py draws it)")
@@ -63,6 +68,10 @@ def parse_args():
         p.error("--ranks, --batch-size and --epochs must be positive, --max-steps non-negative")
     if args.against == "pypi" and (args.device != "cpu" or args.max_steps):
         p.error("--against pypi runs on CPUs and whole epochs: no --device cuda, no --max-steps")
+    args.exchange = args.exchange.split(",")
+    if not args.exchange or any(e not in ("gradients", "factors", "auto") for e in args.exchange) or \
+            len(set(args.exchange)) != len(args.exchange):
+        p.error("--exchange takes gradients, factors or auto, each at most once, comma-separated")
     return args
 
 
@@ -73,10 +82,20 @@ def shared_flags(args):
             "--max-steps", str(args.max_steps)]
 
 
-def mnist_mt_command(args, metrics):
+def mnist_mt_command(args, exchange, metrics):
     devices = (["--cpu", str(args.ranks)] if args.device == "cpu"
                else ["--gpus", ",".join(str(i) for i in range(args.ranks))])
-    return [str(Path(args.build) / "mnist_mt")] + devices + shared_flags(args) + ["--metrics", metrics]
+    return ([str(Path(args.build) / "mnist_mt")] + devices + shared_flags(args) + ["--exchange", exchange] +
+            ["--metrics", metrics])
+
+
+def run_mnist_mt(args, tmp):
+    """mnist_mt once per --exchange: (exchange, command, records) each."""
+    out = []
+    for exchange in args.exchange:
+        cmd = mnist_mt_command(args, exchange, str(Path(tmp) / f"mnist_mt_{exchange}.jsonl"))
+        out.append((exchange, cmd, run(f"mnist_mt, --exchange {exchange}", cmd, cmd[-1], isa_env(args, False))))
+    return out
 
 
 def template_command(args, metrics):
@@ -174,7 +193,7 @@ def machine(args):
     return text
 
 
-def table(args, ours, theirs, commands, other=""):
+def table(args, exchange, ours, theirs, commands, other=""):
     """The Markdown report; `other`, with --against pypi: the PyTorch side's name and its
     other layout's line."""
     a, b = summary(ours), summary(theirs)
@@ -195,7 +214,8 @@ def table(args, ours, theirs, commands, other=""):
     lines = [
         f"**{args.ranks} {args.device.upper()} ranks, batch {args.batch_size} per rank, "
         f"{args.epochs} epoch(s)" + (f", {args.max_steps} steps per epoch" if args.max_steps else "") +
-        f", lr {args.lr}, momentum {args.momentum}, weight decay {args.weight_decay}, seed {args.seed}**",
+        f", lr {args.lr}, momentum {args.momentum}, weight decay {args.weight_decay}, seed {args.seed}, "
+        f"mnist_mt --exchange {exchange}**",
         "",
         f"| | mnist_mt | {head} |",
         "|---|---:|---:|---:|",
@@ -221,14 +241,17 @@ def shown_commands(args, runs):
             for pytorch, c in runs]
 
 
-def emit(args, report, shown, ours, record):
-    """Prints the report, writes --out, and appends `record` (with the fields every
-    comparison has) to --json."""
+def emit(args, exchange, report, shown, ours, record):
+    """Prints the report, writes it to --out (after the run's earlier ones), and appends
+    `record` (with the fields every comparison has) to --json."""
     print(report, end="")
-    if args.out:
-        Path(args.out).write_text(report)
+    if args.out:  # one report after another, from the first of this run
+        with open(args.out, "a" if getattr(args, "out_started", False) else "w") as f:
+            f.write(("\n" if getattr(args, "out_started", False) else "") + report)
+        args.out_started = True
     if args.json:
         record = {"isa": args.isa, "device": args.device, "ranks": args.ranks, "batch_size": args.batch_size,
+                  "exchange": exchange,
                   "epochs": args.epochs, "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
                   "data": args.data, "date": datetime.date.today().isoformat(), "machine": machine(args),
                   "commands": [shlex.join(c) for c in shown], "mnist_mt": {"summary": summary(ours), "epochs": ours},
@@ -246,18 +269,18 @@ def main_pypi(args):
     version = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"], capture_output=True,
                              text=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="mnist_mt_compare.") as tmp:
-        ours_cmd = mnist_mt_command(args, str(Path(tmp) / "mnist_mt.jsonl"))
-        ours = run("mnist_mt", ours_cmd, ours_cmd[-1], isa_env(args, False))
+        mnist_mt_runs = run_mnist_mt(args, tmp)
         sides = [(name, cmd, run(f"PyTorch, {name}", cmd, metrics, isa_env(args, True)))
                  for name, cmd, metrics in pypi_commands(args, python, tmp)]
     best = max(sides, key=lambda side: summary(side[2])["images_per_s"])
     others = "; ".join(f"{name} {summary(records)['images_per_s']:.1f} images/s" for name, _, records in sides)
     other = f"PyTorch {version} (PyPI), {best[0]}\nPyTorch's layouts: {others}; the better is compared."
-    shown = shown_commands(args, [(False, ours_cmd)] + [(True, cmd) for _, cmd, _ in sides])
-    emit(args, table(args, ours, best[2], shown, other), shown, ours,
-         {"torch_version": version,
-          "pytorch": {name: {"summary": summary(records), "epochs": records} for name, _, records in sides},
-          "pytorch_best": best[0]})
+    for exchange, ours_cmd, ours in mnist_mt_runs:
+        shown = shown_commands(args, [(False, ours_cmd)] + [(True, cmd) for _, cmd, _ in sides])
+        emit(args, exchange, table(args, exchange, ours, best[2], shown, other), shown, ours,
+             {"torch_version": version,
+              "pytorch": {name: {"summary": summary(records), "epochs": records} for name, _, records in sides},
+              "pytorch_best": best[0]})
 
 
 def main():
@@ -268,16 +291,16 @@ def main():
     if args.device == "cpu":
         ensure_template_deps()
     with tempfile.TemporaryDirectory(prefix="mnist_mt_compare.") as tmp:
-        ours_cmd = mnist_mt_command(args, str(Path(tmp) / "mnist_mt.jsonl"))
+        mnist_mt_runs = run_mnist_mt(args, tmp)
         theirs_cmd = template_command(args, str(Path(tmp) / "template.jsonl"))
-        ours = run("mnist_mt", ours_cmd, ours_cmd[-1], isa_env(args, False))
         theirs = run("template", theirs_cmd, theirs_cmd[-1], isa_env(args, True))
     if args.device == "cpu" and theirs[-1].get("blas") != "OpenBLAS":
         sys.exit(f"bench/compare.py: the template ran with {theirs[-1].get('blas', 'an unknown BLAS')}, not "
                  "OpenBLAS: point Debian's libblas.so.3 alternative at OpenBLAS")
-    shown = shown_commands(args, [(False, ours_cmd), (True, theirs_cmd)])
-    emit(args, table(args, ours, theirs, shown), shown, ours,
-         {"max_steps": args.max_steps, "template": {"summary": summary(theirs), "epochs": theirs}})
+    for exchange, ours_cmd, ours in mnist_mt_runs:
+        shown = shown_commands(args, [(False, ours_cmd), (True, theirs_cmd)])
+        emit(args, exchange, table(args, exchange, ours, theirs, shown), shown, ours,
+             {"max_steps": args.max_steps, "template": {"summary": summary(theirs), "epochs": theirs}})
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ def flags(record):
             out.append(f"--{key.replace('_', '-')} {value:g}")
     if record["data"] != DEFAULTS["data"]:
         out.append(f"--data {dataset(record).upper().replace('-', '_')}_DIR")
+    if record.get("exchange", "gradients") != "gradients":  # records before --exchange: gradients
+        out.append(f"--exchange {record['exchange']}")
     return " ".join(out)
 
 
