@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "aligned.hpp"
+#include "conv2_winograd.hpp"
 #include "isa.hpp"
 #include "step.hpp"
-#include "conv2_winograd.hpp"
 
 namespace mnist_mt::cpu {
 

@@ -3,9 +3,9 @@
 #include "conv2_forward.hpp"
 
 #include "conv2_matmul.hpp"
+#include "conv2_winograd.hpp"
 #include "mnist_mt/model.hpp"
 #include "plan_builder.hpp"
-#include "conv2_winograd.hpp"
 
 namespace mnist_mt::cpu {
 namespace {

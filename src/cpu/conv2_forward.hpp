@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "aligned.hpp"
+#include "conv2_winograd_f2.hpp"
 #include "isa.hpp"
 #include "step.hpp"
-#include "conv2_winograd_f2.hpp"
 
 namespace mnist_mt::cpu {
 

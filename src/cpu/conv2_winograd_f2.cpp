@@ -1,8 +1,8 @@
 #include "conv2_winograd_f2.hpp"
 
+#include "conv2_tiles.hpp"
 #include "mnist_mt/model.hpp"
 #include "simd.hpp"
-#include "conv2_tiles.hpp"
 
 namespace mnist_mt::cpu {
 namespace {

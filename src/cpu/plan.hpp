@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "aligned.hpp"
-#include "conv2_forward.hpp"
 #include "conv2_backward.hpp"
+#include "conv2_forward.hpp"
 #include "isa.hpp"
 #include "step.hpp"
 #include "mnist_mt/model.hpp"

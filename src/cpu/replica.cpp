@@ -22,11 +22,11 @@
 
 #include "conv1.hpp"
 #include "fc1_factors.hpp"
-#include "optimizer_state.hpp"
 #include "input.hpp"
 #include "kernels.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
+#include "optimizer_state.hpp"
 #include "plan_cache.hpp"
 #include "pool.hpp"
 #include "step_stats.hpp"
