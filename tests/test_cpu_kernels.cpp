@@ -582,6 +582,28 @@ TEST_P(Update, SgdIsPyTorchsRule) {
     }
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+// Under ASan the kernels that stream whole buffers check each buffer's range once a call
+// instead of each element (whole_ranges.hpp): a call that reaches past a buffer's end
+// still stops the program, naming the bad access.
+TEST_P(Update, AnUpdatePastItsBuffersIsCaughtUnderAsan) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  constexpr std::size_t kCount = 1003;
+  const OptimizerOptions sgd{0.05f, 0.9f, 0.0f};
+  const UpdateScalars scalars = update_scalars(sgd, base_values(sgd), 1);
+  std::vector<float> p(kCount), g(kCount), m(kCount);
+  EXPECT_DEATH(element_kernels(isa()).optimizer_update(p.data(), g.data(), m.data(), nullptr, kCount + 1, scalars),
+               "AddressSanitizer");
+}
+
+TEST_P(Norm, ASumPastItsBufferIsCaughtUnderAsan) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::vector<float> x(1003, 1.0f);
+  double sum = 0;
+  EXPECT_DEATH(element_kernels(isa()).sum_of_squares(x.data(), x.size() + 1, &sum), "AddressSanitizer");
+}
+#endif
+
 // The same bits on every ISA (the ranks of a run must agree on the norm), close to a
 // plain sum, and non-finite when one element is.
 TEST_P(Norm, SumOfSquaresIsTheSameOnEveryIsaAndSeesANaN) {

@@ -3,6 +3,7 @@
 #include "kernels.hpp"
 
 #include "simd.hpp"
+#include "whole_ranges.hpp"
 
 namespace mnist_mt::cpu {
 namespace {
@@ -13,6 +14,9 @@ namespace {
 // that the adds do not wait on each other's latency.
 template <std::size_t>  // auto-vectorised
 [[gnu::always_inline]] inline void dot_body(const float* a, const float* b, std::size_t count, double* out) {
+  whole_ranges::reads(a, count);
+  whole_ranges::reads(b, count);
+  whole_ranges::writes(out, 1);
   constexpr std::size_t kLanes = 32;
   double lanes[kLanes] = {};
   std::size_t i = 0;

@@ -3,9 +3,13 @@
 
 #include <algorithm>
 
+#include "whole_ranges.hpp"
+
 namespace mnist_mt::cpu {
 double reduce_in_order(std::span<const float* const> in, std::size_t begin, std::size_t count,
                        std::span<float* const> out, ReduceOp op, std::size_t divisor) {
+  for (const float* x : in) whole_ranges::reads(x + begin, count);
+  for (float* o : out) whole_ranges::writes(o + begin, count);
   // The block keeps the loop vectorised and lets `out` alias an input; the squares are
   // summed block by block while the block is in cache.
   constexpr std::size_t kBlock = 1024;

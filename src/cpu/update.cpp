@@ -2,6 +2,7 @@
 #include "kernels.hpp"
 
 #include "simd.hpp"
+#include "whole_ranges.hpp"
 
 namespace mnist_mt::cpu {
 namespace {
@@ -13,6 +14,10 @@ template <std::size_t>  // auto-vectorised
 [[gnu::always_inline]] inline void update_body(float* params, const float* grads, float* first, float* second,
                                                std::size_t count, const UpdateScalars& scalars) {
   const UpdateScalars s = scalars;
+  whole_ranges::reads(grads, count);
+  whole_ranges::writes(params, count);
+  if (s.kind != OptimizerKind::kSgd || s.momentum != 0.0f) whole_ranges::writes(first, count);
+  if (s.kind != OptimizerKind::kSgd) whole_ranges::writes(second, count);
   switch (s.kind) {
     case OptimizerKind::kSgd:
       for (std::size_t i = 0; i < count; ++i) sgd_at(params, grads, first, i, s);
