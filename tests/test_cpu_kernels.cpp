@@ -584,23 +584,47 @@ TEST_P(Update, SgdIsPyTorchsRule) {
 
 #if defined(__SANITIZE_ADDRESS__)
 // Under ASan the kernels that stream whole buffers check each buffer's range once a call
-// instead of each element (whole_ranges.hpp): a call that reaches past a buffer's end
-// still stops the program, naming the bad access.
-TEST_P(Update, AnUpdatePastItsBuffersIsCaughtUnderAsan) {
+// instead of each element (whole_ranges.hpp): a call that reaches past the end of any one
+// of its buffers, the others long enough, still stops the program, naming the bad access.
+TEST_P(Update, AnUpdatePastAnyOfItsBuffersIsCaughtUnderAsan) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   constexpr std::size_t kCount = 1003;
-  const OptimizerOptions sgd{0.05f, 0.9f, 0.0f};
-  const UpdateScalars scalars = update_scalars(sgd, base_values(sgd), 1);
-  std::vector<float> p(kCount), g(kCount), m(kCount);
-  EXPECT_DEATH(element_kernels(isa()).optimizer_update(p.data(), g.data(), m.data(), nullptr, kCount + 1, scalars),
-               "AddressSanitizer");
+  const OptimizerOptions sgd{0.05f, 0.9f, 0.0f}, adam{1e-3, 0.0, 0.0, false, OptimizerKind::kAdam};
+  for (int short_one = 0; short_one < 4; ++short_one) {  // params, grads, first, second
+    SCOPED_TRACE(short_one);
+    const OptimizerOptions& options = short_one == 3 ? adam : sgd;
+    const UpdateScalars scalars = update_scalars(options, base_values(options), 1);
+    std::vector<std::vector<float>> buffers(4, std::vector<float>(kCount + 1));
+    buffers[short_one].resize(kCount);
+    buffers[short_one].shrink_to_fit();
+    EXPECT_DEATH(element_kernels(isa()).optimizer_update(buffers[0].data(), buffers[1].data(), buffers[2].data(),
+                                                         buffers[3].data(), kCount + 1, scalars),
+                 "AddressSanitizer");
+  }
 }
 
-TEST_P(Norm, ASumPastItsBufferIsCaughtUnderAsan) {
+TEST_P(Norm, ASumOrDotPastItsBuffersIsCaughtUnderAsan) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const std::vector<float> x(1003, 1.0f);
+  const std::vector<float> x(1003, 1.0f), longer(1004, 1.0f);
   double sum = 0;
   EXPECT_DEATH(element_kernels(isa()).sum_of_squares(x.data(), x.size() + 1, &sum), "AddressSanitizer");
+  EXPECT_DEATH(dot_in_order_variant(isa())(longer.data(), x.data(), longer.size(), &sum), "AddressSanitizer");
+  EXPECT_DEATH(dot_in_order_variant(isa())(x.data(), longer.data(), longer.size(), &sum), "AddressSanitizer");
+}
+
+// The in-order sum of ranks' buffers, with one input or one output short.
+TEST(ReduceInOrder, ASumPastAnInputOrAnOutputIsCaughtUnderAsan) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  constexpr std::size_t kCount = 3000;
+  for (int short_one = 0; short_one < 4; ++short_one) {  // inputs 0, 1; outputs 0, 1
+    SCOPED_TRACE(short_one);
+    std::vector<std::vector<float>> buffers(4, std::vector<float>(kCount + 1, 1.0f));
+    buffers[short_one].resize(kCount);
+    buffers[short_one].shrink_to_fit();
+    const float* in[] = {buffers[0].data(), buffers[1].data()};
+    float* out[] = {buffers[2].data(), buffers[3].data()};
+    EXPECT_DEATH(reduce_in_order(in, 0, kCount + 1, out, ReduceOp::kSum, 2), "AddressSanitizer");
+  }
 }
 #endif
 

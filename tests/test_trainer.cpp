@@ -260,7 +260,8 @@ TEST(Trainer, DataParallelReportsBroadcastAndGatherWithTheOtherPhases) {
 }
 
 // --trace: per rank, every phase of every traced step on its lane, each bucket's
-// allreduce on the comm stream, and the first bucket's allreduce under backward.
+// allreduce on the comm stream, and the first bucket's allreduce under backward; with
+// --exchange factors, the allgathers of fc1's factors on the comm stream too.
 TEST(Trainer, TraceShowsEveryPhaseOfEveryRankAndTheFirstAllreduceUnderBackward) {
   for (const Exchange exchange : {Exchange::kGradients, Exchange::kFactors}) {
     SCOPED_TRACE(exchange == Exchange::kFactors ? "factors" : "gradients");

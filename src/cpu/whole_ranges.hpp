@@ -1,7 +1,8 @@
 #pragma once
 // The kernels that stream whole buffers (update.cpp: the optimizer's update; norm.cpp: the
 // sums of squares and dot products; reduce.cpp: the in-order sum of ranks' buffers) touch
-// [p, p + count) of each buffer they are given and nothing else. An AddressSanitizer build
+// [p, p + count) of each buffer they are given, and besides only their small arguments
+// (the scalars, the arrays of buffer pointers) and their own stack. An AddressSanitizer build
 // compiles those three files without ASan's per-access checks and defines
 // MNIST_MT_WHOLE_RANGES (src/cpu/meson.build); each call then checks its ranges once
 // (reads, writes) with ASan's own range check, which reports as a bad access would. The
@@ -12,7 +13,8 @@
 #include <cstddef>
 
 #if defined(MNIST_MT_WHOLE_RANGES)
-// ASan's range checks, as its instrumentation calls them.
+// ASan's range checks, as its instrumentation calls them (address and size: uptr in the
+// runtime, the same registers as void* and long on LP64; GCC declares them so).
 extern "C" void __asan_loadN(void*, long);
 extern "C" void __asan_storeN(void*, long);
 #endif

@@ -211,7 +211,7 @@ class DdpWorker {
     timer_.end_forward();
     if (factors_) {
       device_.comm_wait_compute();
-      timer_.begin_comm(StepTimer::Exchange::kFc1Input);
+      timer_.begin_comm(StepTimer::CommKind::kFc1Input);
       comm_.allgather(factors.input, factors.all_inputs, std::size_t{rows} * kFlat);
       timer_.end_comm();
     }
@@ -221,13 +221,13 @@ class DdpWorker {
     replica_->backward([&](int layer) {
       if (factors_ && layer == kFc1) {
         device_.comm_wait_compute();
-        timer_.begin_comm(StepTimer::Exchange::kFc1OutputGrad);
+        timer_.begin_comm(StepTimer::CommKind::kFc1OutputGrad);
         comm_.allgather(factors.output_grad, factors.all_output_grads, std::size_t{rows} * kHidden);
         timer_.end_comm();
       }
       if (next < buckets_.size() && buckets_[next].ready_layer == layer) {
         device_.comm_wait_compute();
-        timer_.begin_comm(StepTimer::Exchange::kAllreduce);
+        timer_.begin_comm(StepTimer::CommKind::kAllreduce);
         allreduce(buckets_[next]);
         timer_.end_comm();
         ++next;

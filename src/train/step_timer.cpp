@@ -26,7 +26,7 @@ void StepTimer::add(Lane lane) {
   s.marks[s.count++] = device_.mark(lane);
 }
 
-void StepTimer::begin_comm(Exchange what) {
+void StepTimer::begin_comm(CommKind what) {
   Step& s = open();
   if (s.count < 2 || s.count % 2 != 0)
     throw RuntimeFailure("a comm span began at time mark " + std::to_string(s.count) + " of its step");
@@ -74,9 +74,9 @@ void StepTimer::trace(const Step& s) {
   for (std::size_t k = 0; k < s.comm_spans(); ++k) {
     const TimeMark &from = s.marks[2 + 2 * k], &to = s.marks[3 + 2 * k];
     switch (s.exchanged[k]) {
-      case Exchange::kAllreduce: span(TraceLane::kComm, "allreduce", from, to, bucket++); break;
-      case Exchange::kFc1Input: span(TraceLane::kComm, "allgather fc1 input", from, to, -1); break;
-      case Exchange::kFc1OutputGrad: span(TraceLane::kComm, "allgather fc1 output gradient", from, to, -1); break;
+      case CommKind::kAllreduce: span(TraceLane::kComm, "allreduce", from, to, bucket++); break;
+      case CommKind::kFc1Input: span(TraceLane::kComm, "allgather fc1 input", from, to, -1); break;
+      case CommKind::kFc1OutputGrad: span(TraceLane::kComm, "allgather fc1 output gradient", from, to, -1); break;
     }
   }
 }

@@ -29,8 +29,8 @@ class StepTimer {
   void end_forward() { add(Lane::kCompute); }
   // What a span on the comm stream exchanges: a bucket's gradients (at most one bucket per
   // layer: buckets.hpp), or fc1's input or output gradient (--exchange factors).
-  enum class Exchange : std::uint8_t { kAllreduce, kFc1Input, kFc1OutputGrad };
-  void begin_comm(Exchange what);
+  enum class CommKind : std::uint8_t { kAllreduce, kFc1Input, kFc1OutputGrad };
+  void begin_comm(CommKind what);
   void end_comm() { add(Lane::kComm); }
   void end_backward() { add(Lane::kCompute); }
   void end_comm_wait() { add(Lane::kCompute); }
@@ -60,7 +60,8 @@ class StepTimer {
     double data_begin = 0, data_end = 0;
     // Fixed-size, so that a step allocates nothing for its timing.
     std::array<TimeMark, kMaxMarks> marks;
-    std::array<Exchange, kMaxComm> exchanged{};  // a replayed step's: allreduces (no factors on GPUs)
+    // A replayed step's stay allreduces: factors are CPU-only, and CPU devices record no steps.
+    std::array<CommKind, kMaxComm> exchanged{};
     std::size_t count = 0;
     std::size_t comm_spans() const { return (count - 5) / 2; }
     const TimeMark& from_end(std::size_t k) const { return marks[count - 1 - k]; }
