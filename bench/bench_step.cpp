@@ -184,6 +184,86 @@ void register_factor_norms() {
   })->Unit(benchmark::kMillisecond);
 }
 
+// One pass of conv2 (`conv`) or fc1 through oneDNN with `dt` inputs, on one core: its time
+// and implementation, or why oneDNN has none here.
+struct PassTiming {
+  double seconds = 0;
+  std::string impl, error;
+};
+
+PassTiming time_pass(bool conv, const std::string& pass, dnnl::memory::data_type dt) {
+  using namespace dnnl;
+  using Tag = memory::format_tag;
+  using Dt = memory::data_type;
+  constexpr memory::dim kBatch = 64;
+  const engine eng(engine::kind::cpu, 0);
+  stream strm(eng);
+  const memory::desc src = conv ? memory::desc({kBatch, kConv1Channels, kConv1Side, kConv1Side}, dt, Tag::any)
+                                : memory::desc({kBatch, kFlat}, dt, Tag::nc);
+  const memory::desc wei = conv ? memory::desc({kConv2Channels, kConv1Channels, 3, 3}, dt, Tag::any)
+                                : memory::desc({kHidden, kFlat}, dt, Tag::any);
+  const memory::desc dst = conv ? memory::desc({kBatch, kConv2Channels, kConv2Side, kConv2Side}, dt, Tag::any)
+                                : memory::desc({kBatch, kHidden}, dt, Tag::nc);
+  const auto f32 = [](const memory::desc& d) { return memory::desc(d.dims(), Dt::f32, Tag::any); };
+  const memory::desc bias({static_cast<memory::dim>(conv ? kConv2Channels : kHidden)}, Dt::f32, Tag::x);
+  const memory::dims one{1, 1}, none{0, 0};
+  PassTiming t;
+  try {
+    primitive_desc_base pd;
+    if (conv) {
+      const auto f = convolution_forward::primitive_desc(
+          convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct, src, wei, bias,
+                                    f32(dst), one, none, none),
+          eng);
+      if (pass == "forward")
+        pd = f;
+      else if (pass == "backward_data")
+        pd = convolution_backward_data::primitive_desc(
+            convolution_backward_data::desc(algorithm::convolution_direct, f32(src), wei, dst, one, none, none), eng, f);
+      else
+        pd = convolution_backward_weights::primitive_desc(
+            convolution_backward_weights::desc(algorithm::convolution_direct, src, f32(wei), bias, dst, one, none, none),
+            eng, f);
+    } else {
+      const memory::desc y({kBatch, kHidden}, Dt::f32, Tag::nc), dx({kBatch, kFlat}, Dt::f32, Tag::nc);
+      const auto f = inner_product_forward::primitive_desc(
+          inner_product_forward::desc(prop_kind::forward_training, src, wei, bias, y), eng);
+      if (pass == "forward")
+        pd = f;
+      else if (pass == "backward_data")
+        pd = inner_product_backward_data::primitive_desc(inner_product_backward_data::desc(dx, wei, dst), eng, f);
+      else
+        pd = inner_product_backward_weights::primitive_desc(
+            inner_product_backward_weights::desc(src, f32(wei), bias, dst), eng, f);
+    }
+    // Every buffer holds ordinary numbers, in either type: 0x3f80 is bf16's 1.0, and two of
+    // them are a float near 1.002 (no subnormals or NaNs to slow a row).
+    std::unordered_map<int, memory> args;
+    const auto bind = [&](int arg, const memory::desc& d) {
+      memory m(d, eng);
+      auto* halves = static_cast<std::uint16_t*>(m.get_data_handle());
+      std::fill(halves, halves + d.get_size() / 2, std::uint16_t{0x3f80});
+      args[arg] = m;
+    };
+    for (const int arg : {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_DIFF_SRC, DNNL_ARG_DIFF_WEIGHTS,
+                          DNNL_ARG_DIFF_DST})
+      if (const memory::desc d = pd.query_md(query::exec_arg_md, arg); d.get_size() != 0) bind(arg, d);
+    if (pass != "backward_data") bind(pass == "forward" ? DNNL_ARG_BIAS : DNNL_ARG_DIFF_BIAS, bias);
+    t.impl = pd.impl_info_str();
+    const primitive prim(pd.get());
+    for (int k = 0; k < 3; ++k) prim.execute(strm, args);
+    strm.wait();
+    constexpr int kRuns = 20;
+    const auto start = std::chrono::steady_clock::now();
+    for (int k = 0; k < kRuns; ++k) prim.execute(strm, args);
+    strm.wait();
+    t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kRuns;
+  } catch (const dnnl::error& e) {
+    t.error = std::string("oneDNN has no implementation here: ") + e.what();
+  }
+  return t;
+}
+
 // precision/cpu/...: what bf16 would buy the CPU step's two large layers, on one core at
 // batch 64: oneDNN's direct convolution of conv2 (forward, backward data, backward
 // weights) and fc1's inner product (the same three), with f32 or bf16 inputs (sources,
@@ -192,99 +272,24 @@ void register_factor_norms() {
 // (layer/cpu/.../batch:64/conv2 forward, conv2 backward, fc1 ...). A CPU that oneDNN runs
 // no bf16 implementation on skips with its reason.
 void register_precisions() {
-  using namespace dnnl;
-  using Tag = memory::format_tag;
-  using Dt = memory::data_type;
-  constexpr memory::dim kBatch = 64;
+  using Dt = dnnl::memory::data_type;
   for (const Dt dt : {Dt::f32, Dt::bf16}) {
     const std::string prefix = std::string("precision/cpu/") + (dt == Dt::f32 ? "f32" : "bf16") + "/batch:64/";
     for (const char* pass : {"forward", "backward_data", "backward_weights"})
       for (const bool conv : {true, false})
         benchmark::RegisterBenchmark((prefix + (conv ? "conv2 " : "fc1 ") + pass).c_str(), [=](benchmark::State& st) {
-          const std::string which = pass;
-          double seconds = 0;
-          std::string impl, error;
-          std::thread([&] {  // one core, as a rank's compute thread runs oneDNN
+          PassTiming t;
+          std::thread([&] {  // one OpenMP thread, as a rank's compute thread runs oneDNN
             omp_set_num_threads(1);
-            try {
-              const engine eng(engine::kind::cpu, 0);
-              stream strm(eng);
-              const memory::desc src = conv ? memory::desc({kBatch, kConv1Channels, kConv1Side, kConv1Side}, dt, Tag::any)
-                                             : memory::desc({kBatch, kFlat}, dt, Tag::nc);
-              const memory::desc wei = conv ? memory::desc({kConv2Channels, kConv1Channels, 3, 3}, dt, Tag::any)
-                                            : memory::desc({kHidden, kFlat}, dt, Tag::any);
-              const memory::desc dst = conv ? memory::desc({kBatch, kConv2Channels, kConv2Side, kConv2Side}, dt, Tag::any)
-                                            : memory::desc({kBatch, kHidden}, dt, Tag::nc);
-              const auto f32 = [](const memory::desc& d) { return memory::desc(d.dims(), Dt::f32, Tag::any); };
-              const memory::desc bias({static_cast<memory::dim>(conv ? kConv2Channels : kHidden)}, Dt::f32, Tag::x);
-              const memory::dims one{1, 1}, none{0, 0};
-              primitive_desc_base pd;
-              std::unordered_map<int, memory> args;
-              // Every buffer holds ordinary numbers, in either type: 0x3f80 is bf16's 1.0, and
-              // two of them are a float near 1.002 (no subnormals or NaNs to slow a row).
-              const auto bind = [&](int arg, const memory::desc& d) {
-                memory m(d, eng);
-                auto* halves = static_cast<std::uint16_t*>(m.get_data_handle());
-                std::fill(halves, halves + d.get_size() / 2, std::uint16_t{0x3f80});
-                args[arg] = m;
-              };
-              if (conv) {
-                const auto f = convolution_forward::primitive_desc(
-                    convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct, src, wei,
-                                              bias, f32(dst), one, none, none),
-                    eng);
-                if (which == "forward") {
-                  pd = f;
-                } else if (which == "backward_data") {
-                  pd = convolution_backward_data::primitive_desc(
-                      convolution_backward_data::desc(algorithm::convolution_direct, f32(src), wei, dst, one, none, none),
-                      eng, f);
-                } else {
-                  pd = convolution_backward_weights::primitive_desc(
-                      convolution_backward_weights::desc(algorithm::convolution_direct, src, f32(wei), bias, dst, one,
-                                                         none, none),
-                      eng, f);
-                }
-              } else {
-                const memory::desc y({kBatch, kHidden}, Dt::f32, Tag::nc), dx({kBatch, kFlat}, Dt::f32, Tag::nc);
-                const auto f = inner_product_forward::primitive_desc(
-                    inner_product_forward::desc(prop_kind::forward_training, src, wei, bias, y), eng);
-                if (which == "forward") {
-                  pd = f;
-                } else if (which == "backward_data") {
-                  pd = inner_product_backward_data::primitive_desc(inner_product_backward_data::desc(dx, wei, dst), eng,
-                                                                   f);
-                } else {
-                  pd = inner_product_backward_weights::primitive_desc(
-                      inner_product_backward_weights::desc(src, f32(wei), bias, dst), eng, f);
-                }
-              }
-              for (const int arg : {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_DIFF_SRC,
-                                    DNNL_ARG_DIFF_WEIGHTS, DNNL_ARG_DIFF_DST}) {
-                const memory::desc d = pd.query_md(query::exec_arg_md, arg);
-                if (d.get_size() != 0) bind(arg, d);
-              }
-              if (which != "backward_data") bind(which == "forward" ? DNNL_ARG_BIAS : DNNL_ARG_DIFF_BIAS, bias);
-              impl = pd.impl_info_str();
-              const primitive prim(pd.get());
-              for (int k = 0; k < 3; ++k) prim.execute(strm, args);
-              strm.wait();
-              constexpr int kRuns = 20;
-              const auto start = std::chrono::steady_clock::now();
-              for (int k = 0; k < kRuns; ++k) prim.execute(strm, args);
-              strm.wait();
-              seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kRuns;
-            } catch (const dnnl::error& e) {
-              error = std::string("oneDNN has no implementation here: ") + e.what();
-            }
+            t = time_pass(conv, pass, dt);
           }).join();
-          if (!error.empty()) {
-            st.SkipWithError(error.c_str());
+          if (!t.error.empty()) {
+            st.SkipWithError(t.error.c_str());
             return;
           }
-          for (auto _ : st) st.SetIterationTime(seconds);
-          st.SetLabel(impl);
-          st.counters["ms"] = 1e3 * seconds;
+          for (auto _ : st) st.SetIterationTime(t.seconds);
+          st.SetLabel(t.impl);
+          st.counters["ms"] = 1e3 * t.seconds;
         })->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
   }
 }

@@ -242,13 +242,9 @@ def shown_commands(args, runs):
 
 
 def emit(args, exchange, report, shown, ours, record):
-    """Prints the report, writes it to --out (after the run's earlier ones), and appends
-    `record` (with the fields every comparison has) to --json."""
+    """Prints the report and appends `record` (with the fields every comparison has) to
+    --json; returns the report."""
     print(report, end="")
-    if args.out:  # one report after another, from the first of this run
-        with open(args.out, "a" if getattr(args, "out_started", False) else "w") as f:
-            f.write(("\n" if getattr(args, "out_started", False) else "") + report)
-        args.out_started = True
     if args.json:
         record = {"isa": args.isa, "device": args.device, "ranks": args.ranks, "batch_size": args.batch_size,
                   "exchange": exchange,
@@ -258,6 +254,13 @@ def emit(args, exchange, report, shown, ours, record):
                   **record}
         with open(args.json, "a") as f:
             f.write(json.dumps(record) + "\n")
+    return report
+
+
+def write_out(args, reports):
+    """--out: the run's reports, one after another."""
+    if args.out:
+        Path(args.out).write_text("\n".join(reports))
 
 
 def main_pypi(args):
@@ -275,12 +278,15 @@ def main_pypi(args):
     best = max(sides, key=lambda side: summary(side[2])["images_per_s"])
     others = "; ".join(f"{name} {summary(records)['images_per_s']:.1f} images/s" for name, _, records in sides)
     other = f"PyTorch {version} (PyPI), {best[0]}\nPyTorch's layouts: {others}; the better is compared."
+    reports = []
     for exchange, ours_cmd, ours in mnist_mt_runs:
         shown = shown_commands(args, [(False, ours_cmd)] + [(True, cmd) for _, cmd, _ in sides])
-        emit(args, exchange, table(args, exchange, ours, best[2], shown, other), shown, ours,
-             {"torch_version": version,
-              "pytorch": {name: {"summary": summary(records), "epochs": records} for name, _, records in sides},
-              "pytorch_best": best[0]})
+        reports.append(emit(args, exchange, table(args, exchange, ours, best[2], shown, other), shown, ours,
+                            {"torch_version": version,
+                             "pytorch": {name: {"summary": summary(records), "epochs": records}
+                                         for name, _, records in sides},
+                             "pytorch_best": best[0]}))
+    write_out(args, reports)
 
 
 def main():
@@ -297,10 +303,12 @@ def main():
     if args.device == "cpu" and theirs[-1].get("blas") != "OpenBLAS":
         sys.exit(f"bench/compare.py: the template ran with {theirs[-1].get('blas', 'an unknown BLAS')}, not "
                  "OpenBLAS: point Debian's libblas.so.3 alternative at OpenBLAS")
+    reports = []
     for exchange, ours_cmd, ours in mnist_mt_runs:
         shown = shown_commands(args, [(False, ours_cmd), (True, theirs_cmd)])
-        emit(args, exchange, table(args, exchange, ours, theirs, shown), shown, ours,
-             {"max_steps": args.max_steps, "template": {"summary": summary(theirs), "epochs": theirs}})
+        reports.append(emit(args, exchange, table(args, exchange, ours, theirs, shown), shown, ours,
+                            {"max_steps": args.max_steps, "template": {"summary": summary(theirs), "epochs": theirs}}))
+    write_out(args, reports)
 
 
 if __name__ == "__main__":

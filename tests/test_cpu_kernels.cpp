@@ -586,6 +586,15 @@ TEST_P(Update, SgdIsPyTorchsRule) {
 // Under ASan the kernels that stream whole buffers check each buffer's range once a call
 // instead of each element (whole_ranges.hpp): a call that reaches past the end of any one
 // of its buffers, the others long enough, still stops the program, naming the bad access.
+
+// Four buffers of count + 1 floats but `short_one`, of count, each ending at its allocation.
+std::vector<std::vector<float>> one_short(std::size_t count, int short_one) {
+  std::vector<std::vector<float>> buffers(4, std::vector<float>(count + 1, 1.0f));
+  buffers[short_one].resize(count);
+  buffers[short_one].shrink_to_fit();
+  return buffers;
+}
+
 TEST_P(Update, AnUpdatePastAnyOfItsBuffersIsCaughtUnderAsan) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   constexpr std::size_t kCount = 1003;
@@ -594,9 +603,7 @@ TEST_P(Update, AnUpdatePastAnyOfItsBuffersIsCaughtUnderAsan) {
     SCOPED_TRACE(short_one);
     const OptimizerOptions& options = short_one == 3 ? adam : sgd;
     const UpdateScalars scalars = update_scalars(options, base_values(options), 1);
-    std::vector<std::vector<float>> buffers(4, std::vector<float>(kCount + 1));
-    buffers[short_one].resize(kCount);
-    buffers[short_one].shrink_to_fit();
+    std::vector<std::vector<float>> buffers = one_short(kCount, short_one);
     EXPECT_DEATH(element_kernels(isa()).optimizer_update(buffers[0].data(), buffers[1].data(), buffers[2].data(),
                                                          buffers[3].data(), kCount + 1, scalars),
                  "AddressSanitizer");
@@ -618,9 +625,7 @@ TEST(ReduceInOrder, ASumPastAnInputOrAnOutputIsCaughtUnderAsan) {
   constexpr std::size_t kCount = 3000;
   for (int short_one = 0; short_one < 4; ++short_one) {  // inputs 0, 1; outputs 0, 1
     SCOPED_TRACE(short_one);
-    std::vector<std::vector<float>> buffers(4, std::vector<float>(kCount + 1, 1.0f));
-    buffers[short_one].resize(kCount);
-    buffers[short_one].shrink_to_fit();
+    std::vector<std::vector<float>> buffers = one_short(kCount, short_one);
     const float* in[] = {buffers[0].data(), buffers[1].data()};
     float* out[] = {buffers[2].data(), buffers[3].data()};
     EXPECT_DEATH(reduce_in_order(in, 0, kCount + 1, out, ReduceOp::kSum, 2), "AddressSanitizer");

@@ -56,8 +56,8 @@ double sum_of_squares(const float* x, std::size_t count);
 void factor_product_rows(const float* g, const float* x, std::uint32_t rows, std::size_t first, std::size_t count,
                          float* out);
 // The squared norm of that whole product from the factors: the sum over row pairs (a, b)
-// of (g_a . g_b)(x_a . x_b), in double, the same on every ISA.
-// Its dot products on `isa`'s vectors (the same bits on every ISA).
+// of (g_a . g_b)(x_a . x_b), in double, its dot products on `isa`'s vectors: the same bits
+// on every ISA.
 double factor_product_squares(const float* g, const float* x, std::uint32_t rows, Isa isa = kernel_isa());
 using FactorRowsFn = void (*)(const float*, const float*, std::uint32_t, std::size_t, std::size_t, float*);
 FactorRowsFn factor_product_rows_variant(Isa isa);  // fc1_factor_product.cpp

@@ -209,27 +209,19 @@ class DdpWorker {
     // rank while backward runs, and the gradient at its output once backward has it.
     const Replica::Factors factors = factors_ ? replica_->factors() : Replica::Factors{};
     timer_.end_forward();
-    if (factors_) {
-      device_.comm_wait_compute();
-      timer_.begin_comm(StepTimer::CommKind::kFc1Input);
-      comm_.allgather(factors.input, factors.all_inputs, std::size_t{rows} * kFlat);
-      timer_.end_comm();
-    }
+    if (factors_)
+      on_comm(StepTimer::CommKind::kFc1Input,
+              [&] { comm_.allgather(factors.input, factors.all_inputs, std::size_t{rows} * kFlat); });
 
     run_.beat(rank_, step_, Phase::kBackward);
     std::size_t next = 0;
     replica_->backward([&](int layer) {
-      if (factors_ && layer == kFc1) {
-        device_.comm_wait_compute();
-        timer_.begin_comm(StepTimer::CommKind::kFc1OutputGrad);
-        comm_.allgather(factors.output_grad, factors.all_output_grads, std::size_t{rows} * kHidden);
-        timer_.end_comm();
-      }
+      if (factors_ && layer == kFc1)
+        on_comm(StepTimer::CommKind::kFc1OutputGrad, [&] {
+          comm_.allgather(factors.output_grad, factors.all_output_grads, std::size_t{rows} * kHidden);
+        });
       if (next < buckets_.size() && buckets_[next].ready_layer == layer) {
-        device_.comm_wait_compute();
-        timer_.begin_comm(StepTimer::CommKind::kAllreduce);
-        allreduce(buckets_[next]);
-        timer_.end_comm();
+        on_comm(StepTimer::CommKind::kAllreduce, [&] { allreduce(buckets_[next]); });
         ++next;
       }
     });
@@ -246,6 +238,16 @@ class DdpWorker {
     // would be a non-finite model everywhere, so the device drops the update itself.
     replica_->guarded_update(update_, guard_);
     timer_.end_step();
+  }
+
+  // Enqueues `exchange` on the comm stream behind the compute stream's work so far, timed
+  // as a comm span of `kind`.
+  template <class F>
+  void on_comm(StepTimer::CommKind kind, F&& exchange) {
+    device_.comm_wait_compute();
+    timer_.begin_comm(kind);
+    exchange();
+    timer_.end_comm();
   }
 
   // A bucket's gradients averaged over the world's shards, into grads().
