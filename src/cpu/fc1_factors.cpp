@@ -62,9 +62,8 @@ void Fc1Factors::update(float* params, const float* grads, float* first, float* 
 
 void Fc1Factors::materialize(float* grads) {
   if (rows_ == 0) return;
-  for (std::size_t row = 0; row < kHidden; row += kChunkRows)  // each chunk's sums in L2
-    factor_product_rows(output_grads_.get(), inputs_.get(), rows_, row, kChunkRows,
-                        grads + kWeights.offset + row * kFlat);
+  // One call: each column panel of X is copied once for all 128 output rows.
+  factor_product_rows(output_grads_.get(), inputs_.get(), rows_, 0, kHidden, grads + kWeights.offset);
   rows_ = 0;
 }
 
