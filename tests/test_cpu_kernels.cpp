@@ -97,6 +97,7 @@ class Activation : public KernelTest {};
 class Update : public KernelTest {};
 class Norm : public KernelTest {};
 class Factors : public KernelTest {};
+class Fc1 : public KernelTest {};
 
 // ---- conv1 ----
 
@@ -660,7 +661,7 @@ TEST_P(Norm, SumOfSquaresIsTheSameOnEveryIsaAndSeesANaN) {
 // same chain of fused multiply-adds, so ranks on hosts of either agree); its squared norm
 // from the factors the same on every ISA, near the product's, and non-finite with a NaN.
 TEST_P(Factors, ProductRowsAndNormFromTheFactors) {
-  for (std::uint32_t rows : {1u, 3u, 8u, 17u}) {
+  for (std::uint32_t rows : {1u, 3u, 8u, 17u, 70u}) {  // 70: two passes of the kernel's 64-row panels
     const std::vector<float> g = uniform(std::size_t{rows} * kHidden, -1, 1, 5);
     const std::vector<float> x = uniform(std::size_t{rows} * kFlat, 0, 2, 6);
     std::vector<float> whole(std::size_t{kHidden} * kFlat), chunked(whole.size());
@@ -696,6 +697,52 @@ TEST_P(Factors, ProductRowsAndNormFromTheFactors) {
   }
 }
 
+// fc1's backward passes where they are ours (own_fc1_backward): the weight gradient G^T X
+// and the data gradient G W near float64 products, the bias gradient G's column sums in
+// row order exactly, at batches with and without a short last block of rows; the same
+// bits on AVX2 and AVX-512.
+TEST_P(Fc1, BackwardWeightsAndDataNearFloat64) {
+  for (std::uint32_t rows : {1u, 3u, 32u, 33u, 70u}) {
+    const std::vector<float> g = uniform(std::size_t{rows} * kHidden, -1, 1, 7);
+    const std::vector<float> x = uniform(std::size_t{rows} * kFlat, 0, 2, 8);
+    const std::vector<float> w = uniform(std::size_t{kHidden} * kFlat, -0.01f, 0.01f, 9);
+    std::vector<float> weights(std::size_t{kHidden} * kFlat), bias(kHidden), data(std::size_t{rows} * kFlat);
+    std::vector<float> g_t(kHidden * fc1_transposed_stride(rows));
+    fc1_backward_weights(g.data(), x.data(), rows, weights.data(), bias.data(), isa());
+    fc1_backward_data(g.data(), w.data(), rows, g_t.data(), data.data(), isa());
+    for (std::size_t i = 0; i < kHidden; ++i) {
+      float sum = g[i];
+      for (std::size_t r = 1; r < rows; ++r) sum += g[r * kHidden + i];
+      ASSERT_EQ(bias[i], sum) << rows << " " << i;
+      for (std::size_t j = 0; j < kFlat; j += 37) {
+        double exact = 0, bound = 0;
+        for (std::size_t r = 0; r < rows; ++r) {
+          exact += double{g[r * kHidden + i]} * x[r * kFlat + j];
+          bound += std::abs(double{g[r * kHidden + i]} * x[r * kFlat + j]);
+        }
+        ASSERT_NEAR(weights[i * kFlat + j], exact, 1e-7 * rows * bound + 1e-30) << rows << " " << i << " " << j;
+      }
+    }
+    for (std::size_t r = 0; r < rows; ++r) {
+      for (std::size_t j = 0; j < kFlat; j += 13) {
+        double exact = 0, bound = 0;
+        for (std::size_t o = 0; o < kHidden; ++o) {
+          exact += double{g[r * kHidden + o]} * w[o * kFlat + j];
+          bound += std::abs(double{g[r * kHidden + o]} * w[o * kFlat + j]);
+        }
+        ASSERT_NEAR(data[r * kFlat + j], exact, 1e-7 * kHidden * bound + 1e-30) << rows << " " << r << " " << j;
+      }
+    }
+    if (isa() == Isa::kAvx512) {  // AVX-512's bits against AVX2's
+      std::vector<float> weights2(weights.size()), bias2(kHidden), data2(data.size());
+      fc1_backward_weights(g.data(), x.data(), rows, weights2.data(), bias2.data(), Isa::kAvx2);
+      fc1_backward_data(g.data(), w.data(), rows, g_t.data(), data2.data(), Isa::kAvx2);
+      EXPECT_EQ(weights, weights2) << rows;
+      EXPECT_EQ(data, data2) << rows;
+    }
+  }
+}
+
 std::string isa_param_name(const ::testing::TestParamInfo<Isa>& info) { return isa_name(info.param); }
 #define ON_EVERY_ISA(Suite)                                                                                 \
   INSTANTIATE_TEST_SUITE_P(Isas, Suite, ::testing::Values(Isa::kPortable, Isa::kAvx2, Isa::kAvx512), \
@@ -707,6 +754,7 @@ ON_EVERY_ISA(Activation);
 ON_EVERY_ISA(Update);
 ON_EVERY_ISA(Norm);
 ON_EVERY_ISA(Factors);
+ON_EVERY_ISA(Fc1);
 
 }  // namespace
 }  // namespace mnist_mt::cpu

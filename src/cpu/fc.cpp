@@ -1,11 +1,37 @@
-// fc1 and fc2, forward and backward: oneDNN's inner products.
+// fc1 and fc2, forward and backward: oneDNN's inner products, but for fc1's backward
+// passes where ours are faster.
 #include "fc.hpp"
+
+#include "kernels.hpp"
 
 namespace mnist_mt::cpu {
 
+// Measured per pass in the step (bench_step's layer rows, the Zen 4 machine): at AVX2
+// ours take 0.91-1.02 ms against oneDNN's 1.55-1.61 for the weights at batch 32 and
+// 1.27-1.31 against 1.57-1.64 for the data, 1.8-2.0 against 3.0-3.1 and 2.1-2.4 against
+// 3.0-3.2 at 64, 8.0-8.2 against 11.9-12.4 and 8.7 against 10.8-11.3 at 256; at batch 16
+// and below oneDNN's are as fast or faster, and so are they at every batch on AVX-512.
+bool own_fc1_backward(Isa isa, std::uint32_t batch) { return isa == Isa::kAvx2 && batch >= 32; }
+
+void fc1_backward_weights(const Plan& plan, const Buffers& buf, float* grads, const dnnl::stream& stream) {
+  if (plan.own_fc1_backward)
+    fc1_backward_weights(buf.d_hidden.get(), buf.flat.get(), plan.batch, grads + kParams[4].offset,
+                         grads + kParams[5].offset);
+  else
+    run(plan.fc1_backward_weights, stream);
+}
+
+void fc1_backward_data(const Plan& plan, const Buffers& buf, const float* params, const dnnl::stream& stream) {
+  if (plan.own_fc1_backward)
+    fc1_backward_data(buf.d_hidden.get(), params + kParams[4].offset, plan.batch, buf.d_hidden_t.get(),
+                      buf.d_flat.get());
+  else
+    run(plan.fc1_backward_data, stream);
+}
+
 // fc1 (ReLU fused) and fc2 through oneDNN's inner products, on PyTorch's flatten order:
 // the pooled map nchw seen as [n, 9216].
-void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, float* params, float* grads) {
+void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* params, float* grads) {
   using namespace dnnl;
   const Dim n = plan.batch;
   const std::size_t cap = buf.max_batch;
@@ -29,14 +55,6 @@ void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, float* params, float
     return inner_product_backward_data::primitive_desc(inner_product_backward_data::desc(hidden_md, desc(6), logits_md),
                                                        b.engine(), fc2_pd);
   });
-  const auto fc1_bw_pd = planned(kFc1BackwardWeights, [&] {
-    return inner_product_backward_weights::primitive_desc(
-        inner_product_backward_weights::desc(flat_md, desc(4), desc(5), hidden_md), b.engine(), fc1_pd);
-  });
-  const auto fc1_bd_pd = planned(kFc1BackwardData, [&] {
-    return inner_product_backward_data::primitive_desc(inner_product_backward_data::desc(flat_md, desc(4), hidden_md),
-                                                       b.engine(), fc1_pd);
-  });
   const memory flat = b.bind(flat_md, buf.flat, cap * kFlat), d_flat = b.bind(flat_md, buf.d_flat, cap * kFlat);
   const memory hidden = b.bind(hidden_md, buf.hidden, cap * kHidden);
   const memory d_hidden = b.bind(hidden_md, buf.d_hidden, cap * kHidden);
@@ -53,12 +71,30 @@ void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, float* params, float
   plan.fc2_backward_data = b.step(kFc2BackwardData, fc2_bd_pd,
                                   {{DNNL_ARG_DIFF_DST, dlogits}, {DNNL_ARG_WEIGHTS, view(6, params)},
                                    {DNNL_ARG_DIFF_SRC, d_hidden}});
-  plan.fc1_backward_weights = b.step(kFc1BackwardWeights, fc1_bw_pd,
-                                     {{DNNL_ARG_SRC, flat}, {DNNL_ARG_DIFF_DST, d_hidden},
-                                      {DNNL_ARG_DIFF_WEIGHTS, view(4, grads)}, {DNNL_ARG_DIFF_BIAS, view(5, grads)}});
-  plan.fc1_backward_data = b.step(kFc1BackwardData, fc1_bd_pd,
-                                  {{DNNL_ARG_DIFF_DST, d_hidden}, {DNNL_ARG_WEIGHTS, view(4, params)},
-                                   {DNNL_ARG_DIFF_SRC, d_flat}});
+  plan.own_fc1_backward = own_fc1_backward(isa, plan.batch);
+  if (plan.own_fc1_backward) {
+    plan.impl[kFc1BackwardWeights] = std::string("own:") + isa_name(isa);
+  } else {
+    const auto fc1_bw_pd = planned(kFc1BackwardWeights, [&] {
+      return inner_product_backward_weights::primitive_desc(
+          inner_product_backward_weights::desc(flat_md, desc(4), desc(5), hidden_md), b.engine(), fc1_pd);
+    });
+    plan.fc1_backward_weights =
+        b.step(kFc1BackwardWeights, fc1_bw_pd,
+               {{DNNL_ARG_SRC, flat}, {DNNL_ARG_DIFF_DST, d_hidden}, {DNNL_ARG_DIFF_WEIGHTS, view(4, grads)},
+                {DNNL_ARG_DIFF_BIAS, view(5, grads)}});
+  }
+  if (plan.own_fc1_backward) {
+    plan.impl[kFc1BackwardData] = std::string("own:") + isa_name(isa);
+  } else {
+    const auto fc1_bd_pd = planned(kFc1BackwardData, [&] {
+      return inner_product_backward_data::primitive_desc(
+          inner_product_backward_data::desc(flat_md, desc(4), hidden_md), b.engine(), fc1_pd);
+    });
+    plan.fc1_backward_data = b.step(kFc1BackwardData, fc1_bd_pd,
+                                    {{DNNL_ARG_DIFF_DST, d_hidden}, {DNNL_ARG_WEIGHTS, view(4, params)},
+                                     {DNNL_ARG_DIFF_SRC, d_flat}});
+  }
 }
 
 }  // namespace mnist_mt::cpu

@@ -1,6 +1,8 @@
 // fc1's weight gradient from every rank's gathered factors (--exchange factors), per
 // instruction set (simd.hpp): the product in chunks of rows, so that the update can take
 // each chunk while it is in cache, and the product's squared norm from the factors alone.
+// The same product makes fc1's backward passes of one replica's batch where they are ours
+// (fc.cpp): G^T X for the weights, and (G^T)^T W for the data.
 #include "kernels.hpp"
 #include "mnist_mt/model.hpp"
 #include "simd.hpp"
@@ -19,9 +21,13 @@ constexpr std::size_t kVecs = 3;
 // 48 columns are 12 KiB, in L1 beside the output rows' lines.
 constexpr std::uint32_t kPanelRows = 64;
 
+// out[i - first][c] = sum over r of g[r][i] x[r][c], for i in [first, first + count): g's
+// rows g_stride floats apart and readable up to the next multiple of kOut<B> past
+// first + count (only the range is written), x's and out's kFlat.
 template <std::size_t B>
-[[gnu::always_inline]] inline void factor_rows_body(const float* g, const float* x, std::uint32_t rows,
-                                                    std::size_t first, std::size_t count, float* out) {
+[[gnu::always_inline]] inline void factor_rows_body(const float* g, std::size_t g_stride, const float* x,
+                                                    std::uint32_t rows, std::size_t first, std::size_t count,
+                                                    float* out) {
   constexpr std::size_t kO = kOut<B>, kW = kVecs * B;
   static_assert(kFlat % kW == 0);
   alignas(64) float panel[kPanelRows * kW];
@@ -43,28 +49,62 @@ template <std::size_t B>
         x_stride = kW;
       }
       for (std::size_t i = first; i < first + count; i += kO) {
+        // Rows of out in this block; a short block goes through `tail`, so that the
+        // accumulators are only indexed by constants and stay in registers.
+        const std::size_t valid = first + count - i < kO ? first + count - i : kO;
+        float* o = out + (i - first) * kFlat + j;
         Vec<B> acc[kO][kVecs] = {};
+        alignas(64) float tail[kO][kW];  // a block past the range's end, through memory
+        if (valid < kO) {
+          __builtin_memset(tail, 0, sizeof tail);
+          if (r0 > 0)
+            for (std::size_t k = 0; k < valid; ++k) __builtin_memcpy(tail[k], o + k * kFlat, sizeof tail[k]);
+        }
         if (r0 > 0)
+#pragma GCC unroll 8
           for (std::size_t k = 0; k < kO; ++k)
-            for (std::size_t v = 0; v < kVecs; ++v) acc[k][v] = load<B>(out + (i - first + k) * kFlat + j + v * B);
-        const float* gr = g + std::size_t{r0} * kHidden + i;
-        for (std::uint32_t r = 0; r < n; ++r, gr += kHidden) {
+#pragma GCC unroll 3
+            for (std::size_t v = 0; v < kVecs; ++v)
+              acc[k][v] = load<B>(valid == kO ? o + k * kFlat + v * B : &tail[k][v * B]);
+        const float* gr = g + std::size_t{r0} * g_stride + i;
+        for (std::uint32_t r = 0; r < n; ++r, gr += g_stride) {
           Vec<B> xv[kVecs];
           for (std::size_t v = 0; v < kVecs; ++v) xv[v] = load<B>(xp + r * x_stride + v * B);
           for (std::size_t k = 0; k < kO; ++k)
             for (std::size_t v = 0; v < kVecs; ++v) acc[k][v] += gr[k] * xv[v];
         }
+#pragma GCC unroll 8
         for (std::size_t k = 0; k < kO; ++k)
-          for (std::size_t v = 0; v < kVecs; ++v) store<B>(out + (i - first + k) * kFlat + j + v * B, acc[k][v]);
+#pragma GCC unroll 3
+          for (std::size_t v = 0; v < kVecs; ++v) store<B>(valid == kO ? o + k * kFlat + v * B : &tail[k][v * B], acc[k][v]);
+        if (valid < kO)
+          for (std::size_t k = 0; k < valid; ++k) __builtin_memcpy(o + k * kFlat, tail[k], sizeof tail[k]);
       }
     }
   }
 }
 
-MNIST_MT_ISA_VARIANTS(factor_rows, factor_rows_body,
+template <std::size_t B>
+[[gnu::always_inline]] inline void factor_rows(const float* g, const float* x, std::uint32_t rows, std::size_t first,
+                                               std::size_t count, float* out) {
+  factor_rows_body<B>(g, kHidden, x, rows, first, count, out);
+}
+MNIST_MT_ISA_VARIANTS(factor_rows, factor_rows,
                       (const float* g, const float* x, std::uint32_t rows, std::size_t first, std::size_t count,
                        float* out),
                       (g, x, rows, first, count, out))
+
+// fc1's backward (data): out[n] = sum over o of g[n][o] w[o], from G^T (kHidden rows of
+// `stride` floats).
+template <std::size_t B>
+[[gnu::always_inline]] inline void backward_data(const float* g_t, std::size_t stride, const float* w,
+                                                 std::size_t rows, float* out) {
+  factor_rows_body<B>(g_t, stride, w, kHidden, 0, rows, out);
+}
+MNIST_MT_ISA_VARIANTS(backward_data, backward_data,
+                      (const float* g_t, std::size_t stride, const float* w, std::size_t rows, float* out),
+                      (g_t, stride, w, rows, out))
+using BackwardDataFn = void (*)(const float*, std::size_t, const float*, std::size_t, float*);
 
 }  // namespace
 
@@ -76,6 +116,27 @@ void factor_product_rows(const float* g, const float* x, std::uint32_t rows, std
                          float* out) {
   static const FactorRowsFn fn = factor_product_rows_variant(kernel_isa());
   fn(g, x, rows, first, count, out);
+}
+
+void fc1_bias_gradient(const float* g, std::uint32_t rows, float* bias) {
+  for (std::size_t i = 0; i < kHidden; ++i) bias[i] = g[i];
+  for (std::uint32_t r = 1; r < rows; ++r)
+    for (std::size_t i = 0; i < kHidden; ++i) bias[i] += g[std::size_t{r} * kHidden + i];
+}
+
+void fc1_backward_weights(const float* g, const float* x, std::uint32_t rows, float* weights, float* bias, Isa isa) {
+  factor_product_rows_variant(isa)(g, x, rows, 0, kHidden, weights);
+  fc1_bias_gradient(g, rows, bias);
+}
+
+std::size_t fc1_transposed_stride(std::uint32_t rows) { return (std::size_t{rows} + 15) / 16 * 16; }
+
+void fc1_backward_data(const float* g, const float* w, std::uint32_t rows, float* g_t, float* out, Isa isa) {
+  const BackwardDataFn fn = pick<BackwardDataFn>(isa, backward_data_avx512, backward_data_avx2, backward_data_portable);
+  const std::size_t stride = fc1_transposed_stride(rows);
+  for (std::size_t n = 0; n < rows; ++n)
+    for (std::size_t o = 0; o < kHidden; ++o) g_t[o * stride + n] = g[n * kHidden + o];
+  fn(g_t, stride, w, rows, out);
 }
 
 // ||G^T X||^2 = sum over row pairs (a, b) of (g_a . g_b)(x_a . x_b). The dot products run

@@ -32,10 +32,7 @@ void Fc1Factors::take(std::uint32_t rows, float* grads) {
   const float world = static_cast<float>(world_);
   float* g = output_grads();
   for (std::size_t i = 0, n = std::size_t{rows} * kHidden; i < n; ++i) g[i] /= world;
-  float* bias = grads + kBiasAt;
-  for (std::size_t i = 0; i < kHidden; ++i) bias[i] = g[i];
-  for (std::uint32_t r = 1; r < rows; ++r)
-    for (std::size_t i = 0; i < kHidden; ++i) bias[i] += g[std::size_t{r} * kHidden + i];
+  fc1_bias_gradient(g, rows, grads + kBiasAt);
   rows_ = rows;
   if (rows > kMostRowsKept) materialize(grads);
 }

@@ -59,6 +59,21 @@ void factor_product_rows(const float* g, const float* x, std::uint32_t rows, std
 // of (g_a . g_b)(x_a . x_b), in double, its dot products on `isa`'s vectors: the same bits
 // on every ISA.
 double factor_product_squares(const float* g, const float* x, std::uint32_t rows, Isa isa = kernel_isa());
+// fc1's bias gradient: the column sums of `rows` rows of G (kHidden floats a row), added
+// in row order.
+void fc1_bias_gradient(const float* g, std::uint32_t rows, float* bias);
+// fc1's backward (weights) of one replica's batch, where own_fc1_backward() (fc.hpp): the
+// weight gradient G^T X by factor_product_rows over all 128 rows, the bias gradient by
+// fc1_bias_gradient.
+void fc1_backward_weights(const float* g, const float* x, std::uint32_t rows, float* weights, float* bias,
+                          Isa isa = kernel_isa());
+// fc1's backward (data) of one replica's batch, where own_fc1_backward() (fc.hpp): out = G W
+// (rows x kFlat), each element the sum over fc1's 128 outputs in their order (fused
+// multiply-adds on AVX2 and AVX-512: the same bits on both), through
+// `g_t`, a scratch of kHidden x fc1_transposed_stride(rows) floats for G^T.
+std::size_t fc1_transposed_stride(std::uint32_t rows);
+void fc1_backward_data(const float* g, const float* w, std::uint32_t rows, float* g_t, float* out,
+                       Isa isa = kernel_isa());
 using FactorRowsFn = void (*)(const float*, const float*, std::uint32_t, std::size_t, std::size_t, float*);
 FactorRowsFn factor_product_rows_variant(Isa isa);  // fc1_factor_product.cpp
 

@@ -26,7 +26,7 @@ std::unique_ptr<Plan> build_plan(const dnnl::engine& engine, std::uint32_t batch
   add_conv2_forward(b, *plan, buf, isa, params);
   plan->conv2_backward = std::make_unique<Conv2WinogradBackward>(engine, batch, isa);
   plan->impl[kConv2Backward] = plan->conv2_backward->impl();
-  add_fc(b, *plan, buf, params, grads);
+  add_fc(b, *plan, buf, isa, params, grads);
   return plan;
 }
 

@@ -31,6 +31,7 @@ struct Buffers {
         d_flat(aligned_zeros<float>(b * kFlat)),
         hidden(aligned_zeros<float>(b * kHidden)),
         d_hidden(aligned_zeros<float>(b * kHidden)),
+        d_hidden_t(aligned_zeros<float>(kHidden * ((b + 15) / 16 * 16))),
         logits(aligned_zeros<float>(b * kClasses)),
         logp(aligned_zeros<float>(b * kClasses)),
         dlogits(aligned_zeros<float>(b * kClasses)),
@@ -40,7 +41,7 @@ struct Buffers {
   std::size_t max_batch;
   Aligned<float> input, act1, d_act1, act2;  // no d_act2: conv2's backward reads d_flat and argmax
   Aligned<std::uint8_t> argmax;  // the pooling's, one byte an output
-  Aligned<float> flat, d_flat, hidden, d_hidden, logits, logp, dlogits;
+  Aligned<float> flat, d_flat, hidden, d_hidden, d_hidden_t, logits, logp, dlogits;  // d_hidden_t: G^T (fc.hpp)
   Aligned<std::uint8_t> labels;
   Aligned<std::uint32_t> samples;
 };
@@ -53,6 +54,7 @@ struct Plan {
   std::vector<Step> weights_to_forward;  // conv2's weights: state-dict layout -> forward layout
   Step conv2, fc1, fc2;
   Step fc2_backward_weights, fc2_backward_data, fc1_backward_weights, fc1_backward_data;
+  bool own_fc1_backward = false;  // fc1's backward passes ours (own_fc1_backward), not the steps above
   std::unique_ptr<Conv2WinogradForward> conv2_forward;  // when own_conv2_forward(); else conv2 and its reorder
   std::unique_ptr<Conv2WinogradBackward> conv2_backward;
   std::array<std::string, kOpCount> impl;  // what runs each operation: oneDNN's implementation or ours

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "conv1.hpp"
+#include "fc.hpp"
 #include "fc1_factors.hpp"
 #include "input.hpp"
 #include "kernels.hpp"
@@ -170,12 +171,13 @@ class CpuReplicaImpl final : public CpuReplica {
       timed(kFc2BackwardData, [&] { run(plan->fc2_backward_data, stream_); });
       timed(kDropout2Backward,
             [&] { relu_dropout_backward(buffers_.hidden.get(), scale1_, n * kHidden, buffers_.d_hidden.get()); });
-      if (!factors_) timed(kFc1BackwardWeights, [&] { run(plan->fc1_backward_weights, stream_); });
+      if (!factors_)
+        timed(kFc1BackwardWeights, [&] { fc1_backward_weights(*plan, buffers_, grads_.get(), stream_); });
     });
     grads_ready(kFc1);
     compute.enqueue([this, plan] {
       const std::size_t n = plan->batch;
-      timed(kFc1BackwardData, [&] { run(plan->fc1_backward_data, stream_); });
+      timed(kFc1BackwardData, [&] { fc1_backward_data(*plan, buffers_, params_.get(), stream_); });
       timed(kDropout1Backward,
             [&] { relu_dropout_backward(buffers_.flat.get(), scale0_, n * kFlat, buffers_.d_flat.get()); });
       timed(kConv2Backward, [&] {  // the pool's backward fused in (kPoolBackward's time is in this one)
