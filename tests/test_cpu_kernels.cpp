@@ -97,7 +97,7 @@ class Activation : public KernelTest {};
 class Update : public KernelTest {};
 class Norm : public KernelTest {};
 class Factors : public KernelTest {};
-class Fc1 : public KernelTest {};
+class Fc : public KernelTest {};
 
 // ---- conv1 ----
 
@@ -701,7 +701,7 @@ TEST_P(Factors, ProductRowsAndNormFromTheFactors) {
 // and the data gradient G W near float64 products, the bias gradient G's column sums in
 // row order exactly, at batches with and without a short last block of rows; the same
 // bits on AVX2 and AVX-512.
-TEST_P(Fc1, BackwardWeightsAndDataNearFloat64) {
+TEST_P(Fc, Fc1BackwardWeightsAndDataNearFloat64) {
   for (std::uint32_t rows : {1u, 3u, 32u, 33u, 70u}) {
     const std::vector<float> g = uniform(std::size_t{rows} * kHidden, -1, 1, 7);
     const std::vector<float> x = uniform(std::size_t{rows} * kFlat, 0, 2, 8);
@@ -754,7 +754,7 @@ ON_EVERY_ISA(Activation);
 ON_EVERY_ISA(Update);
 ON_EVERY_ISA(Norm);
 ON_EVERY_ISA(Factors);
-ON_EVERY_ISA(Fc1);
+ON_EVERY_ISA(Fc);
 
 }  // namespace
 }  // namespace mnist_mt::cpu

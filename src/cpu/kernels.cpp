@@ -1,7 +1,7 @@
 #include "kernels.hpp"
 
 // Each own kernel with vector variants has them compiled once per instruction set beside
-// its op (activation.cpp, update.cpp, norm.cpp; fc1_factor_product.cpp picks its own); the free
+// its op (activation.cpp, update.cpp, norm.cpp; fc1_backward.cpp picks its own); the free
 // functions here call the variants for kernel_isa(), picked on first use.
 
 namespace mnist_mt::cpu {

@@ -1,7 +1,7 @@
 #pragma once
 // The CPU backend's own kernels: the small operations oneDNN has no primitive for, each
 // defined in its op's file (input.cpp, activation.cpp, loss.cpp, update.cpp, norm.cpp,
-// fc1_factor_product.cpp, reduce.cpp; conv1, pool and conv2's backward have headers of their own).
+// fc1_backward.cpp, reduce.cpp; conv1, pool and conv2's backward have headers of their own).
 // All run on the calling thread (a device's compute stream) and allocate nothing.
 #include <cstddef>
 #include <cstdint>
@@ -48,7 +48,7 @@ void optimizer_update(float* params, const float* grads, float* first, float* se
 // norm, which every rank must compute to the same bits).
 double sum_of_squares(const float* x, std::size_t count);
 
-// --exchange factors (fc1_factor_product.cpp): rows [first, first + count) of fc1's weight
+// --exchange factors (fc1_backward.cpp): rows [first, first + count) of fc1's weight
 // gradient G^T X from `rows` rows of G (kHidden floats a row) and X (kFlat a row), into
 // `out` (count x kFlat): each element the sum over the rows in their order, with fused
 // multiply-adds on AVX2 and AVX-512 (so the bits depend on the ISA, not on the chunking).
@@ -75,7 +75,7 @@ std::size_t fc1_transposed_stride(std::uint32_t rows);
 void fc1_backward_data(const float* g, const float* w, std::uint32_t rows, float* g_t, float* out,
                        Isa isa = kernel_isa());
 using FactorRowsFn = void (*)(const float*, const float*, std::uint32_t, std::size_t, std::size_t, float*);
-FactorRowsFn factor_product_rows_variant(Isa isa);  // fc1_factor_product.cpp
+FactorRowsFn factor_product_rows_variant(Isa isa);  // fc1_backward.cpp
 
 // out[j][i] = (((in[0][i] + in[1][i]) + in[2][i]) + ...) for i in [begin, begin + count)
 // and every j, an average divided by `divisor` (times its inverse when a power of two:

@@ -1,8 +1,8 @@
-// fc1's weight gradient from every rank's gathered factors (--exchange factors), per
-// instruction set (simd.hpp): the product in chunks of rows, so that the update can take
-// each chunk while it is in cache, and the product's squared norm from the factors alone.
-// The same product makes fc1's backward passes of one replica's batch where they are ours
-// (fc.cpp): G^T X for the weights, and (G^T)^T W for the data.
+// fc1's backward products, per instruction set (simd.hpp): its weight gradient from every
+// rank's gathered factors (--exchange factors) in chunks of rows, so that the update can
+// take each chunk while it is in cache, and that product's squared norm from the factors
+// alone; and, through the same product, one replica's backward passes where they are ours
+// (own_fc1_backward in fc.hpp): G^T X for the weights, (G^T)^T W for the data.
 #include "kernels.hpp"
 #include "mnist_mt/model.hpp"
 #include "simd.hpp"
