@@ -6,10 +6,10 @@
 
 namespace mnist_mt::cpu {
 
-// Measured per pass in the step (bench_step's layer rows, the Zen 4 machine): at AVX2
+// Measured per pass in the step (docs/benchmarks.md, "fc1's backward on AVX2"): at AVX2
 // ours take 0.91-1.02 ms against oneDNN's 1.55-1.61 for the weights at batch 32 and
 // 1.27-1.31 against 1.57-1.64 for the data, 1.8-2.0 against 3.0-3.1 and 2.1-2.4 against
-// 3.0-3.2 at 64, 8.0-8.2 against 11.9-12.4 and 8.7 against 10.8-11.3 at 256; at batch 16
+// 3.0-3.2 at 64, 7.9-8.2 against 11.9-12.4 and 8.7-8.8 against 10.8-11.3 at 256; at batch 16
 // and below oneDNN's are as fast or faster, and so are they at every batch on AVX-512.
 bool own_fc1_backward(Isa isa, std::uint32_t batch) { return isa == Isa::kAvx2 && batch >= 32; }
 
