@@ -164,7 +164,8 @@ void register_exchanges(Backend& backend) {
 
 // --exchange factors' two ways to the guard's norm over `rows` gathered rows, on one core:
 // from the factors (Fc1Factors keeps the product in them), or what writing fc1's whole
-// weight gradient adds (its write, and a read each for the norm and the update).
+// weight gradient adds (its write, and a read each for the norm and the update); and the
+// product itself.
 void register_factor_norms() {
   for (std::uint32_t rows : {8u, 16u, 32u, 64u, 128u}) {
     const std::string suffix = "/rows:" + std::to_string(rows);
@@ -172,6 +173,28 @@ void register_factor_norms() {
       const std::vector<float> x(std::size_t{rows} * kFlat, 0.5f), g(std::size_t{rows} * kHidden, 0.01f);
       for (auto _ : st) benchmark::DoNotOptimize(cpu::factor_product_squares(g.data(), x.data(), rows));
     })->Unit(benchmark::kMillisecond);
+  }
+  // fc1's product over `rows` rows into all 128 output rows, as the update takes it (in
+  // chunks of 8 output rows) and in one call (materialize(), own_fc1_backward's weights).
+  for (std::uint32_t rows : {8u, 64u}) {
+    for (const bool whole : {false, true}) {
+      const std::string name = std::string("factors/product/") + (whole ? "one_call" : "chunks_of_8") +
+                               "/rows:" + std::to_string(rows);
+      benchmark::RegisterBenchmark(name.c_str(), [rows, whole](benchmark::State& st) {
+        std::vector<float> x(std::size_t{rows} * kFlat), g(std::size_t{rows} * kHidden), out(kHidden * kFlat);
+        for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) / 97;
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 89) / 89 - 0.5f;
+        for (auto _ : st) {
+          if (whole) cpu::factor_product_rows(g.data(), x.data(), rows, 0, kHidden, out.data());
+          else
+            for (std::size_t r = 0; r < kHidden; r += 8)
+              cpu::factor_product_rows(g.data(), x.data(), rows, r, 8, out.data() + r * kFlat);
+          benchmark::DoNotOptimize(out.data());
+        }
+        st.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * kHidden * kFlat, benchmark::Counter::kIsIterationInvariantRate,
+                                                    benchmark::Counter::kIs1000);
+      })->Unit(benchmark::kMillisecond);
+    }
   }
   benchmark::RegisterBenchmark("factors/written_gradient_passes", [](benchmark::State& st) {
     std::vector<float> w(std::size_t{kHidden} * kFlat);

@@ -47,16 +47,29 @@ build() {
 # priority, its output in DIR.log, while the tests in front take what CPU they need: a
 # test suite leaves a third of two cores idle (waits on children, sockets, timers), which
 # the next build fills. await DIR prints that build's outcome and returns its status.
+# Each build runs in a process group of its own (set -m), which the script kills, ninja
+# and compilers with it, should it end before awaiting the build (a failure, Ctrl-C, a
+# timeout's TERM).
 declare -A behind_pid
 behind() {
   local dir=$1
+  set -m
   ( renice -n 19 -p "$BASHPID" >/dev/null; build "$@" ) >"$dir.log" 2>&1 &
   behind_pid[$dir]=$!
+  set +m
 }
+stop_behind() {
+  local pid
+  for pid in "${behind_pid[@]}"; do kill -- "-$pid" 2>/dev/null; done
+}
+trap stop_behind EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 await() {
   local dir=$1
   if wait "${behind_pid[$dir]}"; then
-    grep "^== $dir: configured and built" "$dir.log"
+    grep "^== $dir: configured and built" "$dir.log" || true
+    return 0
   else
     tail -n 60 "$dir.log"
     failed=$((failed + 1))

@@ -4,13 +4,19 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
-#include <dnnl.hpp>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <dnnl.hpp>
 #include <iostream>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "cpu/device.hpp"
+#include "cpu/fc.hpp"
 #include "cpu/isa.hpp"
+#include "cpu/plan.hpp"
 #include "cpu/replica.hpp"
 #include "cpu/step.hpp"
 #include "mnist_mt/error.hpp"
@@ -59,6 +65,55 @@ TEST(CpuPlans, KernelIsaFollowsOneDnnLimit) {
   if (name != "AVX2") GTEST_SKIP() << "ONEDNN_MAX_CPU_ISA is not AVX2";
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) GTEST_SKIP() << "this CPU lacks AVX2";
   EXPECT_STREQ(isa_name(kernel_isa()), "avx2");
+}
+
+// fc1's backward passes where a plan takes ours (AVX2, batch 32 and up: own_fc1_backward)
+// write what oneDNN's inner products write, from the same buffers: the weight and bias
+// gradients at fc1's offsets of the flat gradients, the data gradient in d_flat (W read at
+// fc1's offset of the parameters). Batches with and without a short last block of rows.
+TEST(CpuPlans, Fc1BackwardOursWritesWhatOneDnnWrites) {
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  constexpr std::uint32_t kMax = 64;
+  Buffers buf(kMax);
+  std::vector<float> params(kParamCount), ours(kParamCount), theirs(kParamCount);
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> small(-0.02f, 0.02f), unit(-1.0f, 1.0f);
+  for (float& v : params) v = small(rng);
+  for (std::size_t i = 0; i < kMax * kFlat; ++i) buf.flat.get()[i] = unit(rng) > 0 ? unit(rng) + 1 : 0;
+  for (std::size_t i = 0; i < kMax * kHidden; ++i) buf.d_hidden.get()[i] = 1e-3f * unit(rng);
+  const auto normwise = [](const float* a, const float* b, std::size_t n) {
+    double apart = 0, size = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      apart += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+      size += double{b[i]} * b[i];
+    }
+    EXPECT_GT(size, 0);
+    return std::sqrt(apart / size);
+  };
+  for (std::uint32_t batch : {32u, 33u, 64u}) {
+    ASSERT_TRUE(own_fc1_backward(Isa::kAvx2, batch));
+    ASSERT_FALSE(own_fc1_backward(Isa::kPortable, batch));
+    const auto own = build_plan(engine, batch, Isa::kAvx2, buf, params.data(), ours.data());
+    const auto onednn = build_plan(engine, batch, Isa::kPortable, buf, params.data(), theirs.data());
+    ASSERT_TRUE(own->own_fc1_backward);
+    ASSERT_FALSE(onednn->own_fc1_backward);
+    std::vector<float> d_flat_ours(std::size_t{batch} * kFlat), d_flat_theirs(d_flat_ours.size());
+    fc1_backward_weights(*own, buf, ours.data(), stream);
+    fc1_backward_data(*own, buf, params.data(), stream);
+    stream.wait();
+    std::memcpy(d_flat_ours.data(), buf.d_flat.get(), d_flat_ours.size() * sizeof(float));
+    fc1_backward_weights(*onednn, buf, theirs.data(), stream);
+    fc1_backward_data(*onednn, buf, params.data(), stream);
+    stream.wait();
+    std::memcpy(d_flat_theirs.data(), buf.d_flat.get(), d_flat_theirs.size() * sizeof(float));
+    EXPECT_LE(normwise(ours.data() + kParams[4].offset, theirs.data() + kParams[4].offset, kParams[4].count), 1e-6)
+        << "fc1.weight at batch " << batch;
+    EXPECT_LE(normwise(ours.data() + kParams[5].offset, theirs.data() + kParams[5].offset, kParams[5].count), 1e-6)
+        << "fc1.bias at batch " << batch;
+    EXPECT_LE(normwise(d_flat_ours.data(), d_flat_theirs.data(), d_flat_ours.size()), 1e-6)
+        << "fc1's data gradient at batch " << batch;
+  }
 }
 
 // oneDNN's own message says what failed, not which of the step's operations: the error

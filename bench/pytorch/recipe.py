@@ -69,7 +69,7 @@ def parse_args(argv):
     p.add_argument("--target-accuracy", type=float, help="percent: stop at the first evaluation reaching it")
     p.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: each epoch only)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                   help="threads in all, shared out between the ranks (default: every usable core)")
+                   help="threads in all, shared out between the ranks, at least one a rank (default: every usable core)")
     p.add_argument("--ranks", type=int, default=1, help="processes, DDP over gloo when more than one")
     p.add_argument("--metrics", help="write one JSON line per epoch to this file")
     args = p.parse_args(argv)
@@ -94,8 +94,11 @@ def parse_args(argv):
     for name in ("batch_size", "epochs", "lr_step", "ranks", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: {getattr(args, name)} is out of range (at least 1)")
-    if args.threads % args.ranks:
+    if args.threads > args.ranks and args.threads % args.ranks:
         p.error(f"--threads {args.threads} is not a multiple of --ranks {args.ranks}")
+    # More ranks than threads (4 processes on 2 cores): one thread each, as a user would set
+    # OMP_NUM_THREADS=1 for them.
+    args.threads_per_rank = max(1, args.threads // args.ranks)
     if args.warmup < 0 or args.eval_every < 0:
         p.error("--warmup and --eval-every take a count of steps (0 or more)")
     return args
@@ -258,9 +261,9 @@ def train(args, rank, world):
         "final_accuracy": watch.evals[-1]["test_accuracy"], "final_test_loss": watch.evals[-1]["test_loss"],
         "steps": step, "steps_per_epoch": steps_per_epoch, "global_batch": global_batch,
         "images_per_s": step * global_batch / train_seconds,
-        "layout": (f"DDP over gloo, {world} processes x {args.threads // world} threads" if world > 1
+        "layout": (f"DDP over gloo, {world} processes x {args.threads_per_rank} threads" if world > 1
                    else f"1 process x {args.threads} threads"),
-        "ranks": world, "threads": args.threads, "evals": watch.evals,
+        "ranks": world, "threads": world * args.threads_per_rank, "evals": watch.evals,
         "settings": {k: getattr(args, k) for k in ("recipe", "optimizer", "lr", "momentum", "nesterov",
                                                    "weight_decay", "betas", "eps", "rho", "lr_schedule",
                                                    "lr_step", "gamma", "warmup", "batch_size", "epochs",
@@ -270,7 +273,7 @@ def train(args, rank, world):
 
 
 def rank_main(rank, args, port, queue):
-    torch.set_num_threads(args.threads // args.ranks)
+    torch.set_num_threads(args.threads_per_rank)
     if args.ranks > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=args.ranks)

@@ -10,7 +10,8 @@ namespace mnist_mt::cpu {
 // ours take 0.91-1.02 ms against oneDNN's 1.55-1.61 for the weights at batch 32 and
 // 1.27-1.31 against 1.57-1.64 for the data, 1.8-2.0 against 3.0-3.1 and 2.1-2.4 against
 // 3.0-3.2 at 64, 7.9-8.2 against 11.9-12.4 and 8.7-8.8 against 10.8-11.3 at 256; at batch 16
-// and below oneDNN's are as fast or faster, and so are they at every batch on AVX-512.
+// and below oneDNN's pair is as fast or faster, and so it is at every batch on AVX-512
+// (there our data pass is the slower one).
 bool own_fc1_backward(Isa isa, std::uint32_t batch) { return isa == Isa::kAvx2 && batch >= 32; }
 
 void fc1_backward_weights(const Plan& plan, const Buffers& buf, float* grads, const dnnl::stream& stream) {
@@ -29,7 +30,8 @@ void fc1_backward_data(const Plan& plan, const Buffers& buf, const float* params
     run(plan.fc1_backward_data, stream);
 }
 
-// fc1 (ReLU fused) and fc2 through oneDNN's inner products, on PyTorch's flatten order:
+// fc1 (ReLU fused) and fc2 through oneDNN's inner products (fc1's backward passes ours where
+// own_fc1_backward), on PyTorch's flatten order:
 // the pooled map nchw seen as [n, 9216].
 void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* params, float* grads) {
   using namespace dnnl;
@@ -73,28 +75,23 @@ void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* para
                                    {DNNL_ARG_DIFF_SRC, d_hidden}});
   plan.own_fc1_backward = own_fc1_backward(isa, plan.batch);
   if (plan.own_fc1_backward) {
-    plan.impl[kFc1BackwardWeights] = std::string("own:") + isa_name(isa);
-  } else {
-    const auto fc1_bw_pd = planned(kFc1BackwardWeights, [&] {
-      return inner_product_backward_weights::primitive_desc(
-          inner_product_backward_weights::desc(flat_md, desc(4), desc(5), hidden_md), b.engine(), fc1_pd);
-    });
-    plan.fc1_backward_weights =
-        b.step(kFc1BackwardWeights, fc1_bw_pd,
-               {{DNNL_ARG_SRC, flat}, {DNNL_ARG_DIFF_DST, d_hidden}, {DNNL_ARG_DIFF_WEIGHTS, view(4, grads)},
-                {DNNL_ARG_DIFF_BIAS, view(5, grads)}});
+    plan.impl[kFc1BackwardWeights] = plan.impl[kFc1BackwardData] = std::string("own:") + isa_name(isa);
+    return;
   }
-  if (plan.own_fc1_backward) {
-    plan.impl[kFc1BackwardData] = std::string("own:") + isa_name(isa);
-  } else {
-    const auto fc1_bd_pd = planned(kFc1BackwardData, [&] {
-      return inner_product_backward_data::primitive_desc(
-          inner_product_backward_data::desc(flat_md, desc(4), hidden_md), b.engine(), fc1_pd);
-    });
-    plan.fc1_backward_data = b.step(kFc1BackwardData, fc1_bd_pd,
-                                    {{DNNL_ARG_DIFF_DST, d_hidden}, {DNNL_ARG_WEIGHTS, view(4, params)},
-                                     {DNNL_ARG_DIFF_SRC, d_flat}});
-  }
+  const auto fc1_bw_pd = planned(kFc1BackwardWeights, [&] {
+    return inner_product_backward_weights::primitive_desc(
+        inner_product_backward_weights::desc(flat_md, desc(4), desc(5), hidden_md), b.engine(), fc1_pd);
+  });
+  const auto fc1_bd_pd = planned(kFc1BackwardData, [&] {
+    return inner_product_backward_data::primitive_desc(inner_product_backward_data::desc(flat_md, desc(4), hidden_md),
+                                                       b.engine(), fc1_pd);
+  });
+  plan.fc1_backward_weights = b.step(kFc1BackwardWeights, fc1_bw_pd,
+                                     {{DNNL_ARG_SRC, flat}, {DNNL_ARG_DIFF_DST, d_hidden},
+                                      {DNNL_ARG_DIFF_WEIGHTS, view(4, grads)}, {DNNL_ARG_DIFF_BIAS, view(5, grads)}});
+  plan.fc1_backward_data = b.step(kFc1BackwardData, fc1_bd_pd,
+                                  {{DNNL_ARG_DIFF_DST, d_hidden}, {DNNL_ARG_WEIGHTS, view(4, params)},
+                                   {DNNL_ARG_DIFF_SRC, d_flat}});
 }
 
 }  // namespace mnist_mt::cpu

@@ -17,13 +17,14 @@ constexpr std::size_t kOut = B == 16 ? 8 : 4;
 constexpr std::size_t kVecs = 3;
 // Rows of X a pass takes, copied into a contiguous panel: X's rows are 36 KiB apart, a
 // multiple of 4 KiB, so read in place the rows of a column panel all fall in one L1 set
-// (and so do the output's rows), and each block re-fetched them from L2. 64 rows of
-// 48 columns are 12 KiB, in L1 beside the output rows' lines.
+// (and so do the output's rows), and each block re-fetched them from L2. 64 rows of a
+// panel's kVecs x B columns are 12 KiB on AVX-512 (48 columns), 6 KiB on AVX2 (24), in L1
+// beside the output rows' lines.
 constexpr std::uint32_t kPanelRows = 64;
 
 // out[i - first][c] = sum over r of g[r][i] x[r][c], for i in [first, first + count): g's
-// rows g_stride floats apart and readable up to the next multiple of kOut<B> past
-// first + count (only the range is written), x's and out's kFlat.
+// rows g_stride floats apart, each readable from first to first + ceil(count / kOut<B>) x
+// kOut<B> (only the range is written); x's and out's rows kFlat floats apart.
 template <std::size_t B>
 [[gnu::always_inline]] inline void factor_rows_body(const float* g, std::size_t g_stride, const float* x,
                                                     std::uint32_t rows, std::size_t first, std::size_t count,

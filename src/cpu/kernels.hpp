@@ -52,7 +52,7 @@ double sum_of_squares(const float* x, std::size_t count);
 // gradient G^T X from `rows` rows of G (kHidden floats a row) and X (kFlat a row), into
 // `out` (count x kFlat): each element the sum over the rows in their order, with fused
 // multiply-adds on AVX2 and AVX-512 (so the bits depend on the ISA, not on the chunking).
-// `count` a multiple of 8.
+// `first` and `count` multiples of 8.
 void factor_product_rows(const float* g, const float* x, std::uint32_t rows, std::size_t first, std::size_t count,
                          float* out);
 // The squared norm of that whole product from the factors: the sum over row pairs (a, b)

@@ -13,6 +13,7 @@
 #include "conv2_backward.hpp"
 #include "conv2_forward.hpp"
 #include "isa.hpp"
+#include "kernels.hpp"
 #include "step.hpp"
 #include "mnist_mt/model.hpp"
 
@@ -31,7 +32,7 @@ struct Buffers {
         d_flat(aligned_zeros<float>(b * kFlat)),
         hidden(aligned_zeros<float>(b * kHidden)),
         d_hidden(aligned_zeros<float>(b * kHidden)),
-        d_hidden_t(aligned_zeros<float>(kHidden * ((b + 15) / 16 * 16))),
+        d_hidden_t(aligned_zeros<float>(kHidden * fc1_transposed_stride(static_cast<std::uint32_t>(b)))),
         logits(aligned_zeros<float>(b * kClasses)),
         logp(aligned_zeros<float>(b * kClasses)),
         dlogits(aligned_zeros<float>(b * kClasses)),
