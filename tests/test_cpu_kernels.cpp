@@ -656,6 +656,19 @@ TEST_P(Norm, SumOfSquaresIsTheSameOnEveryIsaAndSeesANaN) {
   }
 }
 
+// `got` against the float64 sum of term(0) .. term(n - 1): within 1e-7 n times the sum of
+// their magnitudes (float rounding at each of n additions).
+template <class Term>
+::testing::AssertionResult near_float64_sum(float got, std::size_t n, Term term) {
+  double exact = 0, bound = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    exact += term(k);
+    bound += std::abs(term(k));
+  }
+  if (std::abs(got - exact) <= 1e-7 * static_cast<double>(n) * bound + 1e-30) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << got << " against " << exact << " (sum of magnitudes " << bound << ")";
+}
+
 // --exchange factors: rows of fc1's weight gradient G^T X from gathered factors, near a
 // float64 product, the same bits in any chunking and on AVX2 and AVX-512 (each element the
 // same chain of fused multiply-adds, so ranks on hosts of either agree); its squared norm
@@ -671,14 +684,10 @@ TEST_P(Factors, ProductRowsAndNormFromTheFactors) {
     EXPECT_EQ(whole, chunked) << rows;
     double squares = 0;
     for (std::size_t i = 0; i < kHidden; ++i) {
-      for (std::size_t j = 0; j < kFlat; j += 37) {  // a sample of the columns against float64
-        double exact = 0, bound = 0;
-        for (std::size_t r = 0; r < rows; ++r) {
-          exact += double{g[r * kHidden + i]} * x[r * kFlat + j];
-          bound += std::abs(double{g[r * kHidden + i]} * x[r * kFlat + j]);
-        }
-        ASSERT_NEAR(whole[i * kFlat + j], exact, 1e-7 * rows * bound + 1e-30) << rows << " " << i << " " << j;
-      }
+      for (std::size_t j = 0; j < kFlat; j += 37)  // a sample of the columns against float64
+        ASSERT_TRUE(near_float64_sum(whole[i * kFlat + j], rows,
+                                     [&](std::size_t r) { return double{g[r * kHidden + i]} * x[r * kFlat + j]; }))
+            << rows << " " << i << " " << j;
     }
     for (float v : whole) squares += double{v} * v;
     if (isa() == Isa::kAvx512) {  // AVX-512's bits against AVX2's
@@ -714,25 +723,16 @@ TEST_P(Fc, Fc1BackwardWeightsAndDataNearFloat64) {
       float sum = g[i];
       for (std::size_t r = 1; r < rows; ++r) sum += g[r * kHidden + i];
       ASSERT_EQ(bias[i], sum) << rows << " " << i;
-      for (std::size_t j = 0; j < kFlat; j += 37) {
-        double exact = 0, bound = 0;
-        for (std::size_t r = 0; r < rows; ++r) {
-          exact += double{g[r * kHidden + i]} * x[r * kFlat + j];
-          bound += std::abs(double{g[r * kHidden + i]} * x[r * kFlat + j]);
-        }
-        ASSERT_NEAR(weights[i * kFlat + j], exact, 1e-7 * rows * bound + 1e-30) << rows << " " << i << " " << j;
-      }
+      for (std::size_t j = 0; j < kFlat; j += 37)
+        ASSERT_TRUE(near_float64_sum(weights[i * kFlat + j], rows,
+                                     [&](std::size_t r) { return double{g[r * kHidden + i]} * x[r * kFlat + j]; }))
+            << "weights, " << rows << " rows, " << i << " " << j;
     }
-    for (std::size_t r = 0; r < rows; ++r) {
-      for (std::size_t j = 0; j < kFlat; j += 13) {
-        double exact = 0, bound = 0;
-        for (std::size_t o = 0; o < kHidden; ++o) {
-          exact += double{g[r * kHidden + o]} * w[o * kFlat + j];
-          bound += std::abs(double{g[r * kHidden + o]} * w[o * kFlat + j]);
-        }
-        ASSERT_NEAR(data[r * kFlat + j], exact, 1e-7 * kHidden * bound + 1e-30) << rows << " " << r << " " << j;
-      }
-    }
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t j = 0; j < kFlat; j += 13)
+        ASSERT_TRUE(near_float64_sum(data[r * kFlat + j], kHidden,
+                                     [&](std::size_t o) { return double{g[r * kHidden + o]} * w[o * kFlat + j]; }))
+            << "data, " << rows << " rows, " << r << " " << j;
     if (isa() == Isa::kAvx512) {  // AVX-512's bits against AVX2's
       std::vector<float> weights2(weights.size()), bias2(kHidden), data2(data.size());
       fc1_backward_weights(g.data(), x.data(), rows, weights2.data(), bias2.data(), Isa::kAvx2);
