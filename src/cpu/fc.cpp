@@ -49,14 +49,6 @@ void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* para
     return inner_product_forward::primitive_desc(
         inner_product_forward::desc(prop_kind::forward_training, hidden_md, desc(6), desc(7), logits_md), b.engine());
   });
-  const auto fc2_bw_pd = planned(kFc2BackwardWeights, [&] {
-    return inner_product_backward_weights::primitive_desc(
-        inner_product_backward_weights::desc(hidden_md, desc(6), desc(7), logits_md), b.engine(), fc2_pd);
-  });
-  const auto fc2_bd_pd = planned(kFc2BackwardData, [&] {
-    return inner_product_backward_data::primitive_desc(inner_product_backward_data::desc(hidden_md, desc(6), logits_md),
-                                                       b.engine(), fc2_pd);
-  });
   const memory flat = b.bind(flat_md, buf.flat, cap * kFlat), d_flat = b.bind(flat_md, buf.d_flat, cap * kFlat);
   const memory hidden = b.bind(hidden_md, buf.hidden, cap * kHidden);
   const memory d_hidden = b.bind(hidden_md, buf.d_hidden, cap * kHidden);
@@ -67,31 +59,33 @@ void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* para
                                           {DNNL_ARG_BIAS, view(5, params)}, {DNNL_ARG_DST, hidden}});
   plan.fc2 = b.step(kFc2Forward, fc2_pd, {{DNNL_ARG_SRC, hidden}, {DNNL_ARG_WEIGHTS, view(6, params)},
                                           {DNNL_ARG_BIAS, view(7, params)}, {DNNL_ARG_DST, logits}});
-  plan.fc2_backward_weights = b.step(kFc2BackwardWeights, fc2_bw_pd,
-                                     {{DNNL_ARG_SRC, hidden}, {DNNL_ARG_DIFF_DST, dlogits},
-                                      {DNNL_ARG_DIFF_WEIGHTS, view(6, grads)}, {DNNL_ARG_DIFF_BIAS, view(7, grads)}});
-  plan.fc2_backward_data = b.step(kFc2BackwardData, fc2_bd_pd,
-                                  {{DNNL_ARG_DIFF_DST, dlogits}, {DNNL_ARG_WEIGHTS, view(6, params)},
-                                   {DNNL_ARG_DIFF_SRC, d_hidden}});
+  // An inner product's two backward passes, from its input `in` (gradient into `d_in`) and
+  // output gradient `d_out`, its weights and bias parameters `w` and w + 1.
+  const auto add_backward = [&](Op weights_op, Op data_op, const inner_product_forward::primitive_desc& fwd,
+                                const memory::desc& in_md, const memory& in, const memory& d_in,
+                                const memory::desc& out_md, const memory& d_out, int w, Step& weights, Step& data) {
+    const auto weights_pd = planned(weights_op, [&] {
+      return inner_product_backward_weights::primitive_desc(
+          inner_product_backward_weights::desc(in_md, desc(w), desc(w + 1), out_md), b.engine(), fwd);
+    });
+    const auto data_pd = planned(data_op, [&] {
+      return inner_product_backward_data::primitive_desc(inner_product_backward_data::desc(in_md, desc(w), out_md),
+                                                         b.engine(), fwd);
+    });
+    weights = b.step(weights_op, weights_pd,
+                     {{DNNL_ARG_SRC, in}, {DNNL_ARG_DIFF_DST, d_out}, {DNNL_ARG_DIFF_WEIGHTS, view(w, grads)},
+                      {DNNL_ARG_DIFF_BIAS, view(w + 1, grads)}});
+    data = b.step(data_op, data_pd,
+                  {{DNNL_ARG_DIFF_DST, d_out}, {DNNL_ARG_WEIGHTS, view(w, params)}, {DNNL_ARG_DIFF_SRC, d_in}});
+  };
+  add_backward(kFc2BackwardWeights, kFc2BackwardData, fc2_pd, hidden_md, hidden, d_hidden, logits_md, dlogits, 6,
+               plan.fc2_backward_weights, plan.fc2_backward_data);
   plan.own_fc1_backward = own_fc1_backward(isa, plan.batch);
-  if (plan.own_fc1_backward) {
+  if (plan.own_fc1_backward)
     plan.impl[kFc1BackwardWeights] = plan.impl[kFc1BackwardData] = std::string("own:") + isa_name(isa);
-    return;
-  }
-  const auto fc1_bw_pd = planned(kFc1BackwardWeights, [&] {
-    return inner_product_backward_weights::primitive_desc(
-        inner_product_backward_weights::desc(flat_md, desc(4), desc(5), hidden_md), b.engine(), fc1_pd);
-  });
-  const auto fc1_bd_pd = planned(kFc1BackwardData, [&] {
-    return inner_product_backward_data::primitive_desc(inner_product_backward_data::desc(flat_md, desc(4), hidden_md),
-                                                       b.engine(), fc1_pd);
-  });
-  plan.fc1_backward_weights = b.step(kFc1BackwardWeights, fc1_bw_pd,
-                                     {{DNNL_ARG_SRC, flat}, {DNNL_ARG_DIFF_DST, d_hidden},
-                                      {DNNL_ARG_DIFF_WEIGHTS, view(4, grads)}, {DNNL_ARG_DIFF_BIAS, view(5, grads)}});
-  plan.fc1_backward_data = b.step(kFc1BackwardData, fc1_bd_pd,
-                                  {{DNNL_ARG_DIFF_DST, d_hidden}, {DNNL_ARG_WEIGHTS, view(4, params)},
-                                   {DNNL_ARG_DIFF_SRC, d_flat}});
+  else
+    add_backward(kFc1BackwardWeights, kFc1BackwardData, fc1_pd, flat_md, flat, d_flat, hidden_md, d_hidden, 4,
+                 plan.fc1_backward_weights, plan.fc1_backward_data);
 }
 
 }  // namespace mnist_mt::cpu
