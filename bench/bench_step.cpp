@@ -326,12 +326,13 @@ struct LayerProfile {
 };
 constexpr int kProfileSteps = 30;
 
-const LayerProfile& layer_profile(std::uint32_t batch) {
-  static std::map<std::uint32_t, LayerProfile> profiles;
-  auto it = profiles.find(batch);
+// With `bf16`, fc1's and fc2's products on bfloat16 operands (--precision bf16).
+const LayerProfile& layer_profile(std::uint32_t batch, bool bf16) {
+  static std::map<std::pair<std::uint32_t, bool>, LayerProfile> profiles;
+  auto it = profiles.find({batch, bf16});
   if (it != profiles.end()) return it->second;
   cpu::CpuDevice device(0);
-  auto replica = cpu::make_cpu_replica(device, batch);
+  auto replica = cpu::make_cpu_replica(device, batch, bf16);
   replica->write_params(initial_parameters(1));
   const Split split = synthetic_split(batch, 3);
   Batch input;
@@ -355,32 +356,40 @@ const LayerProfile& layer_profile(std::uint32_t batch) {
   LayerProfile p;
   p.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kProfileSteps;
   p.ops = replica->take_profile();
-  return profiles.emplace(batch, std::move(p)).first->second;
+  return profiles.emplace(std::pair{batch, bf16}, std::move(p)).first->second;
 }
 
-void register_layers() {
-  for (std::uint32_t batch : kBatches) {
-    const std::string prefix = "layer/cpu/" + std::string(cpu::isa_name(cpu::kernel_isa())) + "/batch:" +
-                               std::to_string(batch) + "/";
-    benchmark::RegisterBenchmark((prefix + "step").c_str(), [batch](benchmark::State& st) {
-      const LayerProfile& p = layer_profile(batch);
-      for (auto _ : st) st.SetIterationTime(p.step_seconds);
-      st.counters["images/s"] = batch / p.step_seconds;
-      st.counters["ms/step"] = 1e3 * p.step_seconds;
-      st.counters["sgemm_GFLOP/s"] = sgemm_flops() / 1e9;
-      st.counters["ceiling_%"] = 100.0 * batch / p.step_seconds / ceiling(1);
+// The rows of one batch size: "layer/cpu/<isa>/batch:N/", or "layer/cpu/<isa>-bf16/..."
+// for --precision bf16.
+void register_layers(std::uint32_t batch, bool bf16) {
+  const std::string prefix = "layer/cpu/" + std::string(cpu::isa_name(cpu::kernel_isa())) + (bf16 ? "-bf16" : "") +
+                             "/batch:" + std::to_string(batch) + "/";
+  benchmark::RegisterBenchmark((prefix + "step").c_str(), [batch, bf16](benchmark::State& st) {
+    const LayerProfile& p = layer_profile(batch, bf16);
+    for (auto _ : st) st.SetIterationTime(p.step_seconds);
+    st.counters["images/s"] = batch / p.step_seconds;
+    st.counters["ms/step"] = 1e3 * p.step_seconds;
+    st.counters["sgemm_GFLOP/s"] = sgemm_flops() / 1e9;
+    st.counters["ceiling_%"] = 100.0 * batch / p.step_seconds / ceiling(1);
+  })->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
+  for (int op = 0; op < cpu::kOpCount; ++op) {  // profiled when the first of them runs
+    benchmark::RegisterBenchmark((prefix + cpu::kOpNames[op]).c_str(), [batch, bf16, op](benchmark::State& st) {
+      const LayerProfile& p = layer_profile(batch, bf16);
+      const cpu::OpTime& t = p.ops[op];
+      const double per_step = t.seconds / kProfileSteps;
+      for (auto _ : st) st.SetIterationTime(per_step);
+      st.SetLabel(t.impl);
+      st.counters["ms/step"] = 1e3 * per_step;
+      st.counters["%_of_step"] = 100.0 * per_step / p.step_seconds;
     })->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
-    for (int op = 0; op < cpu::kOpCount; ++op) {  // profiled when the first of them runs
-      benchmark::RegisterBenchmark((prefix + cpu::kOpNames[op]).c_str(), [batch, op](benchmark::State& st) {
-        const LayerProfile& p = layer_profile(batch);
-        const cpu::OpTime& t = p.ops[op];
-        const double per_step = t.seconds / kProfileSteps;
-        for (auto _ : st) st.SetIterationTime(per_step);
-        st.SetLabel(t.impl);
-        st.counters["ms/step"] = 1e3 * per_step;
-        st.counters["%_of_step"] = 100.0 * per_step / p.step_seconds;
-      })->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
-    }
+  }
+}
+
+// Every batch size's rows; also with bf16 products where the CPU has them.
+void register_layers() {
+  for (const bool bf16 : {false, true}) {
+    if (bf16 && !cpu::bf16_products()) continue;
+    for (std::uint32_t batch : kBatches) register_layers(batch, bf16);
   }
 }
 

@@ -114,6 +114,9 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
        "--timeout: 1e-400 is closer to 0 than a double holds (its least above 0: 4.94066e-324)"},
       {{"--timeout", "inf"}, "--timeout", "--timeout: must be a finite number, got inf"},
       {{"--timeout", "10s"}, "--timeout", "--timeout: '10s' is not a number"},
+      {{"--precision", "bf17"}, "--precision"},
+      {{"--precision", "bf16", "--gpus", "0"}, "--precision",
+       "--precision bf16: CPU devices only; CUDA devices train in fp32 (--tf32 allows TF32)"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = c.args;
@@ -130,6 +133,20 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
     }
     EXPECT_EQ(o.out.find("epoch 1"), std::string::npos) << "trained before refusing";
   }
+}
+
+// bf16 products need AVX512_BF16 or AMX: with oneDNN held to AVX2 (any x86 CPU) the run is
+// refused before it starts, naming the flag, the reason and the way out.
+TEST(Cli, Bf16ProductsAreRefusedWhereOneDnnHasNone) {
+  const std::string data = small_data().string();
+  const Outcome o = run_cli({"--cpu", "1", "--precision", "bf16", "--epochs", "1", "--data", data}, 60s,
+                            {"ONEDNN_MAX_CPU_ISA=AVX2"});
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_EQ(count_lines(o.err), 1) << o.err;
+  EXPECT_EQ(o.err,
+            "mnist_mt: error: --precision bf16: this CPU has neither AVX512_BF16 nor AMX for bf16 products (oneDNN "
+            "runs at avx2, held there by ONEDNN_MAX_CPU_ISA); use --precision fp32\n");
+  EXPECT_EQ(o.out.find("epoch 1"), std::string::npos);
 }
 
 // A recipe sets the optimizer, the schedule, the epochs and the batch (a global one split

@@ -3,7 +3,10 @@
 // process's ISA. tests/meson.build runs this at the native ISA and at ONEDNN_MAX_CPU_ISA=AVX2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cctype>
+#include <cstdint>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +14,7 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/device.hpp"
@@ -75,7 +79,7 @@ TEST(CpuPlans, Fc1BackwardOursWritesWhatOneDnnWrites) {
   const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(engine);
   constexpr std::uint32_t kMax = 64;
-  Buffers buf(kMax);
+  Buffers buf(kMax, false);
   std::vector<float> params(kParamCount), ours(kParamCount), theirs(kParamCount);
   std::mt19937 rng(12);
   std::uniform_real_distribution<float> small(-0.02f, 0.02f), unit(-1.0f, 1.0f);
@@ -113,6 +117,81 @@ TEST(CpuPlans, Fc1BackwardOursWritesWhatOneDnnWrites) {
         << "fc1.bias at batch " << batch;
     EXPECT_LE(normwise(d_flat_ours.data(), d_flat_theirs.data(), d_flat_ours.size()), 1e-6)
         << "fc1's data gradient at batch " << batch;
+  }
+}
+
+// With bf16 products (Precision::kBf16) fc1's three passes equal float32 arithmetic on
+// operands rounded to bfloat16 (nearest even) up to the order of the float32 sums: the
+// product of two bf16 values is exact in float32. And they are not float32's passes: the
+// rounding moves each result by about 2^-9 of its size.
+TEST(CpuPlans, Bf16ProductsReadRoundedOperands) {
+  if (!bf16_products()) GTEST_SKIP() << no_bf16_products();
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  constexpr std::uint32_t kBatch = 8;
+  Buffers buf(kBatch, true);
+  std::vector<float> params(kParamCount), grads(kParamCount);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> small(-0.02f, 0.02f), unit(-1.0f, 1.0f);
+  for (float& v : params) v = small(rng);
+  for (std::size_t i = 0; i < kBatch * kFlat; ++i) buf.flat.get()[i] = unit(rng) > 0 ? unit(rng) + 1 : 0;
+  for (std::size_t i = 0; i < kBatch * kHidden; ++i) buf.d_hidden.get()[i] = 1e-3f * unit(rng);
+  const auto bf16 = [](float f) {  // round to nearest even, as oneDNN's reorder and PyTorch's .bfloat16()
+    std::uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    std::memcpy(&f, &u, sizeof u);
+    return f;
+  };
+  // Normwise distance of `got` from the double sums over k of a(i, k) b(j, k), each operand
+  // rounded when `rounded`, plus bias(j); also the same of the unrounded float32 results.
+  const auto apart = [&](const std::vector<float>& got, std::size_t rows, std::size_t cols, std::size_t depth,
+                         const auto& a, const auto& b, const auto& bias, bool relu) {
+    std::array<double, 2> distance{};
+    for (int rounded = 0; rounded < 2; ++rounded) {
+      double diff = 0, size = 0;
+      for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < cols; ++j) {
+          double sum = bias(j);
+          for (std::size_t k = 0; k < depth; ++k)
+            sum += double{rounded ? bf16(a(i, k)) : a(i, k)} * double{rounded ? bf16(b(j, k)) : b(j, k)};
+          if (relu) sum = std::max(sum, 0.0);
+          diff += (got[i * cols + j] - sum) * (got[i * cols + j] - sum);
+          size += sum * sum;
+        }
+      EXPECT_GT(size, 0);
+      distance[static_cast<std::size_t>(rounded)] = std::sqrt(diff / size);
+    }
+    return distance;  // {from float32's, from the rounded operands'}
+  };
+  const auto plan = build_plan(engine, kBatch, kernel_isa(), buf, params.data(), grads.data());
+  EXPECT_NE(plan->impl[kFc1Forward].find("reorder"), std::string::npos) << plan->impl[kFc1Forward];
+  run(plan->fc1, stream);
+  fc1_backward_weights(*plan, buf, grads.data(), stream);
+  fc1_backward_data(*plan, buf, params.data(), stream);
+  stream.wait();
+  const float* x = buf.flat.get();
+  const float* w = params.data() + kParams[4].offset;
+  const float* g = buf.d_hidden.get();
+  const auto copy = [](const float* p, std::size_t n) { return std::vector<float>(p, p + n); };
+  const auto none = [](std::size_t) { return 0.0; };
+  const auto forward = apart(copy(buf.hidden.get(), kBatch * kHidden), kBatch, kHidden, kFlat,
+                             [&](std::size_t i, std::size_t k) { return x[i * kFlat + k]; },
+                             [&](std::size_t j, std::size_t k) { return w[j * kFlat + k]; },
+                             [&](std::size_t j) { return double{params[kParams[5].offset + j]}; }, true);
+  const auto weights = apart(copy(grads.data() + kParams[4].offset, kParams[4].count), kHidden, kFlat, kBatch,
+                             [&](std::size_t i, std::size_t k) { return g[k * kHidden + i]; },
+                             [&](std::size_t j, std::size_t k) { return x[k * kFlat + j]; }, none, false);
+  const auto bias = apart(copy(grads.data() + kParams[5].offset, kHidden), 1, kHidden, kBatch,
+                          [](std::size_t, std::size_t) { return 1.0f; },
+                          [&](std::size_t j, std::size_t k) { return g[k * kHidden + j]; }, none, false);
+  const auto data = apart(copy(buf.d_flat.get(), kBatch * kFlat), kBatch, kFlat, kHidden,
+                          [&](std::size_t i, std::size_t k) { return g[i * kHidden + k]; },
+                          [&](std::size_t j, std::size_t k) { return w[k * kFlat + j]; }, none, false);
+  for (const auto& [name, d] : {std::pair{"forward", forward}, std::pair{"weight gradient", weights},
+                                std::pair{"bias gradient", bias}, std::pair{"data gradient", data}}) {
+    EXPECT_LE(d[1], 1e-6) << "fc1 " << name << ": from the rounded operands' products";
+    EXPECT_GE(d[0], 1e-4) << "fc1 " << name << ": as near float32's as bf16 products never are";
   }
 }
 

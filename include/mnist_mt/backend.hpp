@@ -14,7 +14,14 @@
 
 namespace mnist_mt {
 
+// The number format of the network's products (--precision). kBf16: CPU devices whose oneDNN
+// has bf16 kernels (AVX512_BF16 or AMX) multiply fc1's and fc2's operands rounded to
+// bfloat16, accumulating and writing float32; weights, loss, reductions and the update
+// stay float32 (docs/cli.md).
+enum class Precision { kFp32, kBf16 };
+
 struct BackendOptions {
+  Precision precision = Precision::kFp32;
   bool deterministic = false;  // CUDA: deterministic cuDNN algorithms only
   bool tf32 = false;           // CUDA: allow TF32 in cuBLAS/cuDNN
   bool cuda_graphs = true;     // CUDA: a DDP step is recorded once as a graph and replayed

@@ -72,8 +72,11 @@ Devices pick_devices(const DeviceFlags& f, bool pin_cpu_threads) {
   BackendOptions options;
   options.deterministic = f.deterministic;
   options.tf32 = f.tf32;
+  options.precision = f.precision == "bf16" ? Precision::kBf16 : Precision::kFp32;
   options.cuda_graphs = !f.no_cuda_graphs;
   options.pin_cpu_threads = pin_cpu_threads;
+  if (f.gpus && options.precision != Precision::kFp32)
+    throw InputError("--precision bf16: CPU devices only; CUDA devices train in fp32 (--tf32 allows TF32)");
   if (f.gpus) {
     Devices d{with_flag_names({{"backend", "--gpus"}}, [&] { return make_cuda_backend(options); }),
               parse_gpus(*f.gpus)};

@@ -36,6 +36,7 @@ struct DeviceFlags {
   std::optional<std::string> gpus;
   bool deterministic = false;
   bool tf32 = false;
+  std::string precision = "fp32";
   bool no_cuda_graphs = false;  // train's flag
   bool no_pin = false;          // train's flag
 };

@@ -8,6 +8,7 @@
 
 #include "communicator.hpp"
 #include "device.hpp"
+#include "isa.hpp"
 #include "mnist_mt/error.hpp"
 #include "replica.hpp"
 
@@ -20,10 +21,15 @@ cpu::CpuDevice& cpu_device(Device& device) {
   return *d;
 }
 
-// The CPU path is deterministic as it is: of BackendOptions only pin_cpu_threads applies.
+// The CPU path is deterministic as it is: of BackendOptions only pin_cpu_threads and
+// precision apply.
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const BackendOptions& options) : pin_(options.pin_cpu_threads) {}
+  explicit CpuBackend(const BackendOptions& options)
+      : pin_(options.pin_cpu_threads), bf16_(options.precision == Precision::kBf16) {
+    if (bf16_ && !cpu::bf16_products())
+      throw InputError("--precision bf16: " + cpu::no_bf16_products() + "; use --precision fp32", "precision");
+  }
   std::string name() const override { return "cpu"; }
   // The CPUs this thread may run on (taskset's, a container's), not every online one.
   int device_count() const override { return std::max(1, static_cast<int>(cpu_mask().size())); }
@@ -44,13 +50,15 @@ class CpuBackend final : public Backend {
   }
 
   bool sums_shards() const override { return true; }
-  bool exchanges_factors() const override { return true; }
+  // fc1's factor product is float32: with bf16 products the gradient is exchanged.
+  bool exchanges_factors() const override { return !bf16_; }
   std::unique_ptr<Replica> make_replica(Device& device, std::uint32_t max_batch) override {
-    return cpu::make_cpu_replica(cpu_device(device), max_batch);
+    return cpu::make_cpu_replica(cpu_device(device), max_batch, bf16_);
   }
 
  private:
   const bool pin_;
+  const bool bf16_;
 };
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "isa.hpp"
 
+#include <cstdlib>
 #include <dnnl.hpp>
 
 namespace mnist_mt::cpu {
@@ -19,6 +20,18 @@ Isa detect() {
 Isa kernel_isa() {
   static const Isa isa = detect();
   return isa;
+}
+
+bool bf16_products() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+}
+
+std::string no_bf16_products() {
+  return std::string("this CPU has neither AVX512_BF16 nor AMX for bf16 products (oneDNN runs at ") +
+         isa_name(kernel_isa()) + (std::getenv("ONEDNN_MAX_CPU_ISA") || std::getenv("DNNL_MAX_CPU_ISA")
+                                       ? ", held there by ONEDNN_MAX_CPU_ISA)"
+                                       : ")");
 }
 
 const char* isa_name(Isa isa) {

@@ -3,6 +3,7 @@
 // oneDNN's effective ISA, so that ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) holds our
 // kernels to the same level as oneDNN's and one machine can measure another's speed.
 #include <cstddef>
+#include <string>
 
 namespace mnist_mt::cpu {
 
@@ -10,6 +11,11 @@ enum class Isa { kPortable, kAvx2, kAvx512 };
 
 Isa kernel_isa();
 const char* isa_name(Isa isa);  // "portable", "avx2", "avx512"
+
+// Whether oneDNN's effective ISA has bf16 products (AVX512_BF16, or AMX), which
+// Precision::kBf16 needs; no_bf16_products() says why not, in words for a user.
+bool bf16_products();
+std::string no_bf16_products();
 
 // The variant of a kernel (or a table of them) compiled for `isa` (simd.hpp).
 template <class T>

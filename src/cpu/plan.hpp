@@ -20,8 +20,10 @@
 namespace mnist_mt::cpu {
 
 // Activation buffers, sized for max_batch and shared by the plans of every batch size.
+// With `bf16` (--precision bf16), also the bfloat16 copies that fc1's and fc2's products
+// read: their inputs, output gradients and weights, rounded to nearest even.
 struct Buffers {
-  explicit Buffers(std::size_t b)
+  Buffers(std::size_t b, bool bf16)
       : max_batch(b),
         input(aligned_zeros<float>(b * kImageBytes)),
         act1(aligned_zeros<float>(b * kConv1Channels * kConv1Side * kConv1Side)),
@@ -37,7 +39,15 @@ struct Buffers {
         logp(aligned_zeros<float>(b * kClasses)),
         dlogits(aligned_zeros<float>(b * kClasses)),
         labels(aligned_zeros<std::uint8_t>(b)),
-        samples(aligned_zeros<std::uint32_t>(b)) {}
+        samples(aligned_zeros<std::uint32_t>(b)),
+        flat16(bf16 ? aligned_zeros<std::uint16_t>(b * kFlat) : nullptr),
+        hidden16(bf16 ? aligned_zeros<std::uint16_t>(b * kHidden) : nullptr),
+        d_hidden16(bf16 ? aligned_zeros<std::uint16_t>(b * kHidden) : nullptr),
+        dlogits16(bf16 ? aligned_zeros<std::uint16_t>(b * kClasses) : nullptr),
+        fc1_weights16(bf16 ? aligned_zeros<std::uint16_t>(kParams[4].count) : nullptr),
+        fc2_weights16(bf16 ? aligned_zeros<std::uint16_t>(kParams[6].count) : nullptr) {}
+
+  bool bf16() const { return flat16 != nullptr; }
 
   std::size_t max_batch;
   Aligned<float> input, act1, d_act1, act2;  // no d_act2: conv2's backward reads d_flat and argmax
@@ -45,6 +55,7 @@ struct Buffers {
   Aligned<float> flat, d_flat, hidden, d_hidden, d_hidden_t, logits, logp, dlogits;  // d_hidden_t: G^T (fc.hpp)
   Aligned<std::uint8_t> labels;
   Aligned<std::uint32_t> samples;
+  Aligned<std::uint16_t> flat16, hidden16, d_hidden16, dlogits16, fc1_weights16, fc2_weights16;  // bf16() only
 };
 
 // Every primitive for one batch size, bound to the replica's buffers.
@@ -53,8 +64,11 @@ struct Plan {
   std::vector<dnnl::memory> memories;  // keeps the memory objects behind Step::args alive
   std::vector<Aligned<float>> owned;   // conv2's weights in oneDNN's layout
   std::vector<Step> weights_to_forward;  // conv2's weights: state-dict layout -> forward layout
-  Step conv2, fc1, fc2;
-  Step fc2_backward_weights, fc2_backward_data, fc1_backward_weights, fc1_backward_data;
+  Step conv2;
+  // fc1's and fc2's passes; with bf16, each begins with the reorders to bfloat16 of what it
+  // reads first (fc1's and fc2's forward: their input and weights; the backward weights
+  // passes: the output gradient).
+  std::vector<Step> fc1, fc2, fc2_backward_weights, fc2_backward_data, fc1_backward_weights, fc1_backward_data;
   bool own_fc1_backward = false;  // fc1's backward passes ours (own_fc1_backward), not the steps above
   std::unique_ptr<Conv2WinogradForward> conv2_forward;  // when own_conv2_forward(); else conv2 and its reorder
   std::unique_ptr<Conv2WinogradBackward> conv2_backward;

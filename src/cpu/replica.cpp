@@ -37,12 +37,12 @@ namespace {
 
 class CpuReplicaImpl final : public CpuReplica {
  public:
-  CpuReplicaImpl(CpuDevice& device, std::uint32_t max_batch)
+  CpuReplicaImpl(CpuDevice& device, std::uint32_t max_batch, bool bf16)
       : device_(device),
         max_batch_(max_batch),
         params_(aligned_zeros<float>(kParamCount)),
         grads_(aligned_zeros<float>(kParamCount)),
-        buffers_(max_batch),
+        buffers_(max_batch, bf16),
         staged_(max_batch) {
     if (max_batch == 0) throw RuntimeFailure(device.name() + ": replica needs max_batch > 0");
     run_sync([this] {
@@ -78,6 +78,7 @@ class CpuReplicaImpl final : public CpuReplica {
 
   void exchange_factors(int world) override {
     if (world < 1) throw RuntimeFailure(device_.name() + ": exchange_factors among " + std::to_string(world) + " ranks");
+    if (buffers_.bf16()) throw RuntimeFailure(device_.name() + ": exchange_factors with bf16 products (fp32 only)");
     factors_.emplace(world, max_batch_);
   }
   Factors factors() override {
@@ -392,8 +393,9 @@ class CpuReplicaImpl final : public CpuReplica {
 
 }  // namespace
 
-std::unique_ptr<CpuReplica> make_cpu_replica(CpuDevice& device, std::uint32_t max_batch) {
-  return std::make_unique<CpuReplicaImpl>(device, max_batch);
+std::unique_ptr<CpuReplica> make_cpu_replica(CpuDevice& device, std::uint32_t max_batch, bool bf16) {
+  if (bf16 && !bf16_products()) throw RuntimeFailure(device.name() + ": " + no_bf16_products());
+  return std::make_unique<CpuReplicaImpl>(device, max_batch, bf16);
 }
 
 }  // namespace mnist_mt::cpu

@@ -42,6 +42,8 @@ bool is_reference(std::string_view impl);
 // (oneDNN chooses kernels for the thread count it runs with) and waits for them.
 // Parameters, gradients and the optimizer state start at zero. Warns once per process on stderr
 // when a plan runs a reference implementation.
-std::unique_ptr<CpuReplica> make_cpu_replica(CpuDevice& device, std::uint32_t max_batch);
+// With `bf16`, fc1's and fc2's products read bfloat16 operands (Precision::kBf16); only
+// where bf16_products().
+std::unique_ptr<CpuReplica> make_cpu_replica(CpuDevice& device, std::uint32_t max_batch, bool bf16 = false);
 
 }  // namespace mnist_mt::cpu

@@ -59,6 +59,8 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  if (options.precision != Precision::kFp32)
+    throw InputError("--precision bf16: CPU devices only; CUDA devices train in fp32 (--tf32 allows TF32)", "precision");
   return std::make_unique<CudaBackend>(options);
 }
 

@@ -14,7 +14,7 @@ bool exchanges_factors(const TrainConfig& config, const Place& place, std::uint3
   std::sort(ids.begin(), ids.end());
   const std::string why =
       config.mode != Mode::kDdp ? "--mode dp gathers the network's outputs instead"
-      : !backend.exchanges_factors() ? "fc1's factors are exchanged on CPU devices only (--cpu)"
+      : !backend.exchanges_factors() ? "fc1's factors are exchanged on CPU devices (--cpu) with fp32 products only"
       : std::adjacent_find(ids.begin(), ids.end()) != ids.end() ? "ranks that share a device cannot exchange them"
       : shards != static_cast<std::uint32_t>(place.world)
           ? "this run resumes a checkpoint of " + std::to_string(shards) + " ranks on " +

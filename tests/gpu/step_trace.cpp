@@ -2,7 +2,8 @@
 // same steps (tests/gpu/torch_compare.py): the initial weights, step 0's gradients, each
 // step's loss, and each step's samples and dropout masks. The batches are the first N
 // of epoch 0's order for one rank, as the trainer takes them.
-//   step_trace --backend cuda|cpu --data DIR --out DIR [--steps N] [--batch B] ...
+//   step_trace --backend cuda|cpu --data DIR --out DIR [--steps N] [--batch B]
+//              [--precision fp32|bf16] ...
 // Writes OUT/init.safetensors, OUT/grads.safetensors (step 0's gradients, in the
 // parameters' places), OUT/masks.bin (per step, per sample: kFlat then kHidden bytes,
 // 1 = kept) and OUT/trace.json.
@@ -38,6 +39,7 @@ struct Options {
   float lr = 0.01f;
   float momentum = 0.9f;
   bool deterministic = false;
+  std::string precision = "fp32";
 };
 
 Batch batch_at(const Split& split, const std::vector<std::uint32_t>& order, std::uint32_t step, std::uint32_t size) {
@@ -79,6 +81,7 @@ void trace(const Options& o) {
   std::filesystem::create_directories(o.out);
   BackendOptions options;
   options.deterministic = o.deterministic;
+  options.precision = o.precision == "bf16" ? Precision::kBf16 : Precision::kFp32;
   auto backend = o.backend == "cpu" ? make_cpu_backend(options) : make_cuda_backend(options);
   const int ids[] = {0};
   auto devices = backend->make_devices(ids);
@@ -110,6 +113,7 @@ void trace(const Options& o) {
   nlohmann::json t{{"backend", o.backend}, {"steps", o.steps},     {"batch", o.batch},
                    {"seed", o.seed},       {"lr", o.lr},           {"momentum", o.momentum},
                    {"flat", kFlat},        {"hidden", kHidden},    {"dropout", {kDropout1, kDropout2}},
+                   {"precision", o.precision},
                    {"losses", losses}};
   nlohmann::json indices = nlohmann::json::array();
   for (std::uint32_t step = 0; step < o.steps; ++step)
@@ -134,6 +138,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr);
   app.add_option("--momentum", o.momentum);
   app.add_flag("--deterministic", o.deterministic);
+  app.add_option("--precision", o.precision)->check(CLI::IsMember({"fp32", "bf16"}));
   CLI11_PARSE(app, argc, argv);
   try {
     mnist_mt::trace(o);

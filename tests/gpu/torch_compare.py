@@ -9,10 +9,18 @@ within --grad-tol) and the loss curve: the first --track-steps steps each within
 by step the two runs separate as any two roundings of SGD do (measured on one CPU:
 1e-8 at step 0, 1e-5 by step 30, 1e-3 by step 40, percents later), so past the first
 steps only the curve's course can agree, not each step.
+With a trace of `--precision bf16` (fc1's and fc2's products on bfloat16 operands, float32
+sums and outputs), PyTorch takes the steps with the same products: --reference rounded
+(the default) rounds each operand of fc1 and fc2, forward and backward, to bfloat16 and
+multiplies in float32, which is exact (the product of two bfloat16 values fits a float32):
+the same arithmetic up to the order of the sums; --reference autocast runs fc1 and fc2
+under torch.autocast("cpu", torch.bfloat16) as a PyTorch user would, which also rounds
+their outputs to bfloat16 and so needs looser limits (tests/test_torch_steps.sh states them).
 Prints one line per check and writes --json; exit 0 when all pass, 1 when not, 2 on
 bad input.
 
-  torch_compare.py --trace DIR --data DIR [--device cuda|cpu] [--json FILE]
+  torch_compare.py --trace DIR --data DIR [--device cuda|cpu] [--reference rounded|autocast]
+                   [--json FILE]
 """
 import argparse
 import gzip
@@ -69,23 +77,54 @@ def read_idx(directory, stem):
     fail_input(f"{directory}: no {stem} (raw or .gz)")
 
 
-class Net(torch.nn.Module):
-    """The template's network, its dropouts given as masks."""
+def bf16(t):
+    """t rounded to bfloat16 (nearest even), as float32."""
+    return t.to(torch.bfloat16).to(torch.float32)
 
-    def __init__(self):
+
+class RoundedLinear(torch.autograd.Function):
+    """x W^T + b with x, W and the output gradient rounded to bfloat16, float32 arithmetic."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        x, w = bf16(x), bf16(w)
+        ctx.save_for_backward(x, w)
+        return x @ w.t() + b
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        g = bf16(g)
+        return g @ w, g.t() @ x, g.sum(0)
+
+
+class Net(torch.nn.Module):
+    """The template's network, its dropouts given as masks; fc1's and fc2's products as
+    `products` says: "fp32", "rounded" or "autocast" (the module docstring)."""
+
+    def __init__(self, products="fp32"):
         super().__init__()
         self.conv1 = torch.nn.Conv2d(1, 32, 3, 1)
         self.conv2 = torch.nn.Conv2d(32, 64, 3, 1)
         self.fc1 = torch.nn.Linear(9216, 128)
         self.fc2 = torch.nn.Linear(128, 10)
+        self.products = products
+
+    def linear(self, layer, x):
+        if self.products == "rounded":
+            return RoundedLinear.apply(x, layer.weight, layer.bias)
+        if self.products == "autocast":
+            with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
+                return layer(x).float()
+        return layer(x)
 
     def forward(self, x, keep1, keep2, p1, p2):
         x = F.relu(self.conv1(x))
         x = F.relu(self.conv2(x))
         x = F.max_pool2d(x, 2)
         x = torch.flatten(x, 1) * keep1 * (1.0 / (1.0 - p1))
-        x = F.relu(self.fc1(x)) * keep2 * (1.0 / (1.0 - p2))
-        return F.log_softmax(self.fc2(x), dim=1)
+        x = F.relu(self.linear(self.fc1, x)) * keep2 * (1.0 / (1.0 - p2))
+        return F.log_softmax(self.linear(self.fc2, x), dim=1)
 
 
 def normwise(a, b):
@@ -97,6 +136,8 @@ def main():
     ap.add_argument("--trace", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--reference", choices=["rounded", "autocast"], default="rounded",
+                    help="with a bf16 trace: PyTorch's products (the module docstring)")
     ap.add_argument("--json")
     ap.add_argument("--grad-tol", type=float, default=1e-4)
     ap.add_argument("--track-steps", type=int, default=20)
@@ -123,7 +164,11 @@ def main():
         fail_input(f"{args.trace}/masks.bin: {len(masks)} bytes, the trace needs {steps * batch * (flat + hidden)}")
     masks = torch.frombuffer(bytearray(masks), dtype=torch.uint8).reshape(steps, batch, flat + hidden)
 
-    net = Net().to(device)
+    precision = trace.get("precision", "fp32")
+    if precision not in ("fp32", "bf16"):
+        fail_input(f"{args.trace}/trace.json: precision {precision!r}, not fp32 or bf16")
+    products = args.reference if precision == "bf16" else "fp32"
+    net = Net(products).to(device)
     init = read_safetensors(os.path.join(args.trace, "init.safetensors"))
     ours_grads = read_safetensors(os.path.join(args.trace, "grads.safetensors"))
     with torch.no_grad():
@@ -160,7 +205,7 @@ def main():
     verdict = lambda ok: "PASS" if ok else "FAIL"
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"torch {torch.__version__} on {device} ({name}), mnist_mt backend {trace['backend']}, "
-          f"{steps} steps of {batch}")
+          f"{steps} steps of {batch}, products {precision}" + (f" (PyTorch's: {products})" if precision != "fp32" else ""))
     print(f"step 0 gradients: worst {worst_grad} {grad_diffs[worst_grad]:.2e} normwise "
           f"(limit {args.grad_tol:g}): {verdict(grads_ok)}")
     print(f"first {len(track)} steps' losses: worst {max(track):.2e} relative (limit {args.track_tol:g}): "
@@ -169,7 +214,8 @@ def main():
           f"last step {ours[-1]:.4f} vs {losses[-1]:.4f}: {verdict(curve_ok)}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "device": str(device), "grad_relative": grad_diffs,
+            json.dump({"torch": torch.__version__, "device": str(device), "precision": precision,
+                       "products": products, "grad_relative": grad_diffs,
                        "losses_mnist_mt": ours, "losses_torch": losses, "window_relative": windows,
                        "grads_pass": grads_ok, "track_pass": track_ok, "curve_pass": curve_ok}, f)
     return 0 if grads_ok and track_ok and curve_ok else 1
