@@ -2,7 +2,9 @@
 // passes where ours are faster.
 #include "fc.hpp"
 
+#include "isa.hpp"
 #include "kernels.hpp"
+#include "mnist_mt/error.hpp"
 
 namespace mnist_mt::cpu {
 
@@ -38,6 +40,7 @@ void fc1_backward_data(const Plan& plan, const Buffers& buf, const float* params
 void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* params, float* grads) {
   using namespace dnnl;
   const bool bf16 = buf.bf16();
+  if (bf16 && !bf16_products()) throw RuntimeFailure("--precision bf16: " + no_bf16_products());
   const Dim n = plan.batch;
   const std::size_t cap = buf.max_batch;
   const memory::data_type operand = bf16 ? memory::data_type::bf16 : kF32;  // what the products read

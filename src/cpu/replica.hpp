@@ -42,8 +42,8 @@ bool is_reference(std::string_view impl);
 // (oneDNN chooses kernels for the thread count it runs with) and waits for them.
 // Parameters, gradients and the optimizer state start at zero. Warns once per process on stderr
 // when a plan runs a reference implementation.
-// With `bf16`, fc1's and fc2's products read bfloat16 operands (Precision::kBf16); only
-// where bf16_products().
+// With `bf16`, fc1's and fc2's products read bfloat16 operands (Precision::kBf16); where
+// not bf16_products(), its first plan throws.
 std::unique_ptr<CpuReplica> make_cpu_replica(CpuDevice& device, std::uint32_t max_batch, bool bf16 = false);
 
 }  // namespace mnist_mt::cpu
