@@ -116,7 +116,7 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
       {{"--timeout", "10s"}, "--timeout", "--timeout: '10s' is not a number"},
       {{"--precision", "bf17"}, "--precision"},
       {{"--exchange", "factors", "--mode", "dp", "--cpu", "2"}, "--exchange",
-       "--exchange factors: --mode dp gathers the network's outputs instead; use --exchange gradients or auto"},
+       "--exchange: 'factors' cannot run here: --mode dp gathers the network's outputs instead; use gradients or auto"},
       {{"--precision", "bf16", "--gpus", "0"}, "--precision",
        "--precision bf16: CPU devices only; CUDA devices train in fp32 (--tf32 allows TF32)"},
   };

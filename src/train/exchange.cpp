@@ -22,7 +22,7 @@ bool exchanges_factors(const TrainConfig& config, const Place& place, std::uint3
           : "";
   if (!why.empty()) {
     if (!asked) return false;
-    throw InputError("--exchange factors: " + why + "; use --exchange gradients or auto");  // names its flag
+    throw InputError("'factors' cannot run here: " + why + "; use gradients or auto", "exchange");
   }
   return asked || factors_pay(config.batch, place);
 }
