@@ -60,6 +60,8 @@ Checkpoint sample_checkpoint(bool with_state, OptimizerKind optimizer = Optimize
   c.world = 6;
   c.batch = 48;
   c.shard_order = true;
+  c.fc1_factors = !with_state;  // each value of both flags in one of the two samples
+  c.bf16_products = with_state;
   return c;
 }
 
@@ -144,6 +146,8 @@ TEST_F(CheckpointTest, RoundTripsParametersOptimizerStateAndLoopState) {
     EXPECT_EQ(loaded.world, saved.world);
     EXPECT_EQ(loaded.batch, saved.batch);
     EXPECT_EQ(loaded.shard_order, saved.shard_order);
+    EXPECT_EQ(loaded.fc1_factors, saved.fc1_factors);
+    EXPECT_EQ(loaded.bf16_products, saved.bf16_products);
     EXPECT_EQ(entries(), std::vector<fs::path>{"model.safetensors"});
   }
 }
@@ -407,6 +411,8 @@ TEST_F(CheckpointTest, RejectsMismatchedTensors) {
       {[](Json& h, std::string&) { h["__metadata__"]["world"] = "0"; }, "'world' 0 and 'batch' 48 must be positive"},
       {[](Json& h, std::string&) { h["__metadata__"]["batch"] = "4294967296"; }, "'batch' is not"},
       {[](Json& h, std::string&) { h["__metadata__"]["sum_order"] = "ranks"; }, "'sum_order' is \"ranks\", not"},
+      {[](Json& h, std::string&) { h["__metadata__"]["fc1_exchange"] = "both"; }, "'fc1_exchange' is \"both\", not"},
+      {[](Json& h, std::string&) { h["__metadata__"]["products"] = "fp16"; }, "'products' is \"fp16\", not"},
       {[](Json&, std::string& d) { put_float(d, 5, std::numeric_limits<float>::quiet_NaN()); },
        "tensor 'conv1.weight' holds a non-finite value at element 5"},
       {[](Json& h, std::string& d) {

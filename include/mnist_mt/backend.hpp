@@ -54,6 +54,8 @@ class Backend {
   // Whether its replicas and communicators exchange fc1's factors (Replica::exchange_factors,
   // Communicator::allgather).
   virtual bool exchanges_factors() const { return false; }
+  // The number format of its replicas' products (BackendOptions::precision).
+  virtual Precision precision() const { return Precision::kFp32; }
   // Bracket collectives for several ranks issued from one thread (ncclGroupStart/End).
   virtual void group_start() {}
   virtual void group_end() {}

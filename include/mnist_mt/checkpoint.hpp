@@ -33,6 +33,8 @@ struct Checkpoint {
   // Whether fc1's weight gradient was formed from every rank's factors
   // (TrainConfig::exchange) rather than summed.
   bool fc1_factors = false;
+  // Whether its run's fc1 and fc2 products read bfloat16 operands (--precision bf16).
+  bool bf16_products = false;
   std::uint64_t global_batch() const { return std::uint64_t{world} * batch; }
 };
 

@@ -159,6 +159,7 @@ struct EpochMetrics {
   // CPU's in-process group moves as much through shared memory.
   bool fc1_factors = false;
   std::optional<std::array<double, 4>> bytes_sent_per_step;
+  bool bf16_products = false;  // --precision bf16 (Backend::precision)
 };
 
 struct Interruption {  // a run stopped by StopRequest::stop

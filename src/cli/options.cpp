@@ -40,19 +40,25 @@ std::vector<int> parse_gpus(const std::string& list) {
   return ids;
 }
 
+// bf16 products run on CPU devices only.
+constexpr const char* kBf16OnCpus = "--precision: bf16 runs on CPU devices only; use --cpu N";
+
 Devices default_devices(const BackendOptions& options) {
   Devices d;
   if (cuda_built()) {
+    BackendOptions fp32 = options;  // bf16 is refused below, not taken for a missing GPU
+    fp32.precision = Precision::kFp32;
     try {
-      d.backend = make_cuda_backend(options);
-      if (d.backend->device_count() > 0) {
-        for (int i = 0; i < d.backend->device_count(); ++i) d.ids.push_back(i);
-        return d;
-      }
+      d.backend = make_cuda_backend(fp32);
+      for (int i = 0; i < d.backend->device_count(); ++i) d.ids.push_back(i);
     } catch (const std::exception&) {  // no driver or no device: run on the CPU
     }
+    if (!d.ids.empty()) {
+      if (options.precision != Precision::kFp32) throw InputError(kBf16OnCpus);
+      return d;
+    }
   }
-  d.backend = make_cpu_backend(options);
+  d.backend = with_flag_names({{"precision", "--precision"}}, [&] { return make_cpu_backend(options); });
   for (int i = 0; i < d.backend->device_count(); ++i) d.ids.push_back(i);
   return d;
 }
@@ -75,8 +81,7 @@ Devices pick_devices(const DeviceFlags& f, bool pin_cpu_threads) {
   options.precision = f.precision == "bf16" ? Precision::kBf16 : Precision::kFp32;
   options.cuda_graphs = !f.no_cuda_graphs;
   options.pin_cpu_threads = pin_cpu_threads;
-  if (f.gpus && options.precision != Precision::kFp32)
-    throw InputError("--precision bf16: CPU devices only; CUDA devices train in fp32 (--tf32 allows TF32)");
+  if (f.gpus && options.precision != Precision::kFp32) throw InputError(kBf16OnCpus);
   if (f.gpus) {
     Devices d{with_flag_names({{"backend", "--gpus"}}, [&] { return make_cuda_backend(options); }),
               parse_gpus(*f.gpus)};
@@ -90,7 +95,7 @@ Devices pick_devices(const DeviceFlags& f, bool pin_cpu_threads) {
   }
   if (f.cpu) {
     const std::uint32_t count = count_flag(*f.cpu, 1, "--cpu");
-    Devices d{make_cpu_backend(options), {}};
+    Devices d{with_flag_names({{"precision", "--precision"}}, [&] { return make_cpu_backend(options); }), {}};
     for (std::uint32_t i = 0; i < count; ++i) d.ids.push_back(static_cast<int>(i));
     return d;
   }

@@ -28,7 +28,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const BackendOptions& options)
       : pin_(options.pin_cpu_threads), bf16_(options.precision == Precision::kBf16) {
     if (bf16_ && !cpu::bf16_products())
-      throw InputError("--precision bf16: " + cpu::no_bf16_products() + "; use --precision fp32", "precision");
+      throw InputError("bf16 needs AVX512_BF16 or AMX: " + cpu::no_bf16_products() + "; use fp32", "precision");
   }
   std::string name() const override { return "cpu"; }
   // The CPUs this thread may run on (taskset's, a container's), not every online one.
@@ -52,6 +52,7 @@ class CpuBackend final : public Backend {
   bool sums_shards() const override { return true; }
   // fc1's factor product is float32: with bf16 products the gradient is exchanged.
   bool exchanges_factors() const override { return !bf16_; }
+  Precision precision() const override { return bf16_ ? Precision::kBf16 : Precision::kFp32; }
   std::unique_ptr<Replica> make_replica(Device& device, std::uint32_t max_batch) override {
     return cpu::make_cpu_replica(cpu_device(device), max_batch, bf16_);
   }

@@ -40,7 +40,7 @@ void fc1_backward_data(const Plan& plan, const Buffers& buf, const float* params
 void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* params, float* grads) {
   using namespace dnnl;
   const bool bf16 = buf.bf16();
-  if (bf16 && !bf16_products()) throw RuntimeFailure("--precision bf16: " + no_bf16_products());
+  if (bf16 && !bf16_products()) throw RuntimeFailure("bf16 products: " + no_bf16_products());
   const Dim n = plan.batch;
   const std::size_t cap = buf.max_batch;
   const memory::data_type operand = bf16 ? memory::data_type::bf16 : kF32;  // what the products read
@@ -89,8 +89,10 @@ void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* para
   plan.fc2.push_back(b.step(kFc2Forward, fc2_pd, {{DNNL_ARG_SRC, hidden_x}, {DNNL_ARG_WEIGHTS, w2},
                                                   {DNNL_ARG_BIAS, view(7, params)}, {DNNL_ARG_DST, logits}}));
   // An inner product's two backward passes, from its input `in` (gradient into `d_in`),
-  // output gradient `d_out` (float32; the weights pass first makes its bf16 copy `d_out16`)
-  // and weights `w_in` as the forward pass reads them, its parameters `w` and w + 1.
+  // output gradient `d_out` (float32; the weights pass first makes its bf16 copy `d_out16`,
+  // which the data pass reads: the replica runs the weights pass first, and skips fc1's
+  // only with --exchange factors, which bf16 refuses) and weights `w_in` as the forward
+  // pass reads them, its parameters `w` and w + 1.
   const auto add_backward = [&](Op weights_op, Op data_op, const inner_product_forward::primitive_desc& fwd,
                                 const memory& in, const memory& d_in, const memory& d_out, void* d_out16,
                                 std::size_t d_out_width, const memory& w_in, int w, std::vector<Step>& weights,

@@ -13,7 +13,8 @@ Isa kernel_isa();
 const char* isa_name(Isa isa);  // "portable", "avx2", "avx512"
 
 // Whether oneDNN's effective ISA has bf16 products (AVX512_BF16, or AMX), which
-// Precision::kBf16 needs; no_bf16_products() says why not, in words for a user.
+// Precision::kBf16 needs; no_bf16_products() says why not, in words for a user ("this CPU
+// has neither AVX512_BF16 nor AMX", or what holds oneDNN below them).
 bool bf16_products();
 std::string no_bf16_products();
 

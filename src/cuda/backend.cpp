@@ -60,7 +60,7 @@ class CudaBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   if (options.precision != Precision::kFp32)
-    throw InputError("--precision bf16: CPU devices only; CUDA devices train in fp32 (--tf32 allows TF32)", "precision");
+    throw InputError("bf16 runs on CPU devices only; CUDA devices train in fp32", "precision");
   return std::make_unique<CudaBackend>(options);
 }
 

@@ -87,6 +87,7 @@ std::string header_text(const Checkpoint& c) {
   }
   if (c.shard_order) header["__metadata__"]["sum_order"] = "shards";
   if (c.fc1_factors) header["__metadata__"]["fc1_exchange"] = "factors";
+  if (c.bf16_products) header["__metadata__"]["products"] = "bf16";
   header["__metadata__"]["optimizer"] = std::string(optimizer_name(c.optimizer));
   if (has_state(c)) header["__metadata__"]["optimizer_step"] = std::to_string(c.state.applied);
   std::uint64_t offset = 0;
@@ -305,6 +306,11 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
     if (*exchange != "factors" && *exchange != "gradients")
       fail(path, "metadata 'fc1_exchange' is " + exchange->dump() + ", not \"factors\" or \"gradients\"");
     checkpoint.fc1_factors = *exchange == "factors";
+  }
+  if (const auto products = metadata->find("products"); products != metadata->end()) {
+    if (*products != "bf16" && *products != "fp32")
+      fail(path, "metadata 'products' is " + products->dump() + ", not \"bf16\" or \"fp32\"");
+    checkpoint.bf16_products = *products == "bf16";
   }
   if (with_state) {
     // Version 1 kept no count: its SGD buffer had started once a step was taken.

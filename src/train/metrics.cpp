@@ -45,6 +45,7 @@ void MetricsFile::write(const EpochMetrics& m) {
         {"gather", m.phase_seconds.gather},
         {"host_launch", m.phase_seconds.host_launch}}},
       {"eval_seconds", m.eval_seconds},
+      {"precision", m.bf16_products ? "bf16" : "fp32"},
   };
   nlohmann::ordered_json out = line;
   if (const auto& bytes = m.bytes_sent_per_step) {

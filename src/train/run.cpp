@@ -74,6 +74,11 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
     *config_.progress << "mnist_mt: resuming a checkpoint whose fc1 gradients were exchanged as "
                       << (start_.fc1_factors ? "factors" : "gradients") << " with " << (factors_ ? "factors" : "gradients")
                       << ": fc1's sums rounded otherwise (not bit for bit)\n";
+  if (config_.load && start_.bf16_products != bf16_products() && config_.epochs > start_.epoch &&
+      config_.progress != nullptr && place_.process() == 0)
+    *config_.progress << "mnist_mt: resuming a checkpoint trained with " << (start_.bf16_products ? "bf16" : "fp32")
+                      << " products with " << (bf16_products() ? "bf16" : "fp32")
+                      << " ones (--precision): not bit for bit\n";
   if (config_.metrics && place_.process() == 0) metrics_.emplace(*config_.metrics, config_.load.has_value());
   if (config_.trace && place_.process() == 0) trace_.emplace(*config_.trace, start_.step, config_.trace_steps);
   Watchdog::Hooks hooks;
@@ -291,11 +296,13 @@ void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, 
   // fc1's product over the world's rows is no sum in shard order.
   checkpoint.shard_order = sums_in_shard_order(config_, place_, backend_) && !factors_;
   checkpoint.fc1_factors = factors_;
+  checkpoint.bf16_products = bf16_products();
   saver_.save(path, checkpoint);
 }
 
 void Run::end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step, std::uint32_t epoch_step) {
   m.peak_rss_bytes = peak_rss_bytes();
+  m.bf16_products = bf16_products();
   if (config_.mode == Mode::kDdp) {
     m.fc1_factors = factors_;
     m.bytes_sent_per_step = bytes_sent_per_step(factors_, config_.batch, place_.world);

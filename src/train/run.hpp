@@ -119,6 +119,7 @@ class Run {
   void abort_collectives();
 
   Backend& backend() const { return backend_; }
+  bool bf16_products() const { return backend_.precision() == Precision::kBf16; }
   const Dataset& data() const { return data_; }
   const TrainConfig& config() const { return config_; }
   // The parameters, optimizer state and loop state the run starts from.
