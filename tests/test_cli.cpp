@@ -146,18 +146,19 @@ TEST(Cli, Bf16ProductsAreRefusedWhereOneDnnHasNone) {
   EXPECT_EQ(count_lines(o.err), 1) << o.err;
   const std::string why = o.err.find("this CPU has neither") != std::string::npos
                               ? "this CPU has neither AVX512_BF16 nor AMX"
-                              : "oneDNN is held to avx2 by ONEDNN_MAX_CPU_ISA=AVX2";
+                              : "oneDNN is held below them by ONEDNN_MAX_CPU_ISA=AVX2";
   EXPECT_EQ(o.err, "mnist_mt: error: --precision: bf16 needs AVX512_BF16 or AMX: " + why + "; use fp32\n");
   EXPECT_EQ(o.out.find("epoch 1"), std::string::npos);
 }
 
 // Where the CPU has bf16 products: a bf16 run says so in its metrics and its checkpoint,
-// and a run resuming that checkpoint in fp32 says that it is not bit for bit.
+// a run resuming that checkpoint in fp32 says that it is not bit for bit (also where its
+// layout would repeat the sums), and so does eval.
 TEST(Cli, ABf16CheckpointResumesInFp32SayingSo) {
   const fs::path metrics = scratch_dir() / "bf16.json";
   const fs::path checkpoint = scratch_dir() / "bf16.safetensors";
   const std::string data = small_data().string();
-  const Outcome bf16 = run_cli({"--cpu", "1", "--batch-size", "8", "--epochs", "1", "--max-steps", "3", "--data", data,
+  const Outcome bf16 = run_cli({"--cpu", "2", "--batch-size", "4", "--epochs", "1", "--max-steps", "3", "--data", data,
                                "--precision", "bf16", "--metrics", metrics.string(), "--save", checkpoint.string()},
                               60s);
   if (bf16.exit_code == 2 && bf16.err.find("bf16 needs AVX512_BF16 or AMX") != std::string::npos)
@@ -173,6 +174,28 @@ TEST(Cli, ABf16CheckpointResumesInFp32SayingSo) {
                           "for bit"),
             std::string::npos)
       << fp32.out;
+  // 2 x 4 resumed on 1 x 8 would repeat its sums shard by shard, but not its products.
+  EXPECT_NE(fp32.out.find("(not bit for bit: its products were bf16)"), std::string::npos) << fp32.out;
+  EXPECT_EQ(fp32.out.find("bit for bit its run"), std::string::npos) << fp32.out;
+  // eval says when its products are not the checkpoint's, and its --json names them.
+  const fs::path json = scratch_dir() / "bf16-eval.json";
+  const Outcome eval = run_cli({"eval", "--load", checkpoint.string(), "--cpu", "1", "--batch-size", "8", "--data", data,
+                                "--json", json.string()},
+                               60s);
+  ASSERT_EQ(eval.exit_code, 0) << eval.err;
+  EXPECT_NE(eval.out.find("was trained with bf16 products, evaluated with fp32 ones (--precision)"), std::string::npos)
+      << eval.out;
+  EXPECT_NE(slurp(json).find("\"precision\":\"fp32\""), std::string::npos) << slurp(json);
+}
+
+// Training's flags before a subcommand are refused, not silently left out of it.
+TEST(Cli, AFlagBeforeASubcommandIsRefused) {
+  for (const char* command : {"eval", "predict"}) {
+    const Outcome o = run_cli({"--precision", "bf16", command, "--load", "x.safetensors"}, 60s);
+    EXPECT_EQ(o.exit_code, 2) << command;
+    EXPECT_EQ(o.err, std::string("mnist_mt: error: --precision: given before '") + command +
+                         "', which takes its flags after it (mnist_mt " + command + " --precision ...)\n");
+  }
 }
 
 // A recipe sets the optimizer, the schedule, the epochs and the batch (a global one split

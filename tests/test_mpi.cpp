@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cli_runner.hpp"
@@ -299,6 +300,24 @@ TEST(Mpi, ProcessesWithDifferentRankCountsAreRefused) {
   EXPECT_EQ(o.exit_code, 2) << o.err;
   EXPECT_NE(o.err.find("every process must run as many (--cpu, --gpus)"), std::string::npos) << o.err;
   expect_one_error_line(o);
+}
+
+// Every process must train with the same flags: processes that would meet in different
+// collectives (another --exchange) or train apart (another --seed) are refused, one line,
+// exit 2, naming the flag.
+TEST(Mpi, ProcessesWithDifferentFlagsAreRefused) {
+  for (const auto& [flag, one, other] : {std::tuple{"--exchange", "gradients", "factors"}, std::tuple{"--seed", "1", "2"}}) {
+    std::vector<std::string> command = mpirun(1, train_args({"--cpu", "1", "--batch-size", "4", flag, one}));
+    command.insert(command.end(), {":", "-np", "1", exe_path()});
+    const auto rest = train_args({"--cpu", "1", "--batch-size", "4", flag, other});
+    command.insert(command.end(), rest.begin(), rest.end());
+    const Outcome o = finish(spawn_command(command), 60s);
+    EXPECT_EQ(o.exit_code, 2) << flag << ": " << o.err;
+    EXPECT_NE(o.err.find(std::string("were given different ") + flag + ": every process must train with the same flags"),
+              std::string::npos)
+        << o.err;
+    expect_one_error_line(o);
+  }
 }
 
 // Under a launcher, --mode dp (one thread drives every device) is refused.

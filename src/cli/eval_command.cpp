@@ -38,9 +38,10 @@ void print(const EvalResult& r, std::ostream& out) {
   }
 }
 
-nlohmann::ordered_json to_json(const EvalResult& r, const std::string& checkpoint) {
+nlohmann::ordered_json to_json(const EvalResult& r, const std::string& checkpoint, bool bf16) {
   nlohmann::ordered_json j;
   j["checkpoint"] = checkpoint;
+  j["precision"] = bf16 ? "bf16" : "fp32";
   j["samples"] = r.samples;
   j["test_loss"] = r.loss;
   j["test_accuracy"] = r.accuracy;
@@ -65,15 +66,20 @@ int run_eval(const EvalFlags& f) {
   check_run_files(files);
   Devices devices = pick_devices(f.device);
   config.devices = devices.ids;
-  load_flag(f.load);  // evaluate() reads it again
+  const bool trained_bf16 = load_flag(f.load).bf16_products;  // evaluate() reads it again
+  const bool bf16 = devices.backend->precision() == Precision::kBf16;
   const Dataset data = load_data(f.data, std::cout);
   std::cout << "mnist_mt: eval of " << f.load << " on " << config.devices.size() << ' ' << devices.backend->name()
-            << " device(s)" << std::endl;
+            << " device(s)" << (bf16 ? ", fc1 and fc2 on bf16 operands" : "") << std::endl;
+  if (trained_bf16 != bf16)
+    std::cout << "mnist_mt: " << f.load << " was trained with " << (trained_bf16 ? "bf16" : "fp32")
+              << " products, evaluated with " << (bf16 ? "bf16" : "fp32")
+              << " ones (--precision): its run's test figures may differ in their last digits" << std::endl;
   const EvalResult result = with_flag_names({{"batch", "--batch-size"}, {"load", "--load"}},
                                             [&] { return evaluate(*devices.backend, data, config); });
   print(result, std::cout);
   if (f.json) {
-    const std::string text = to_json(result, f.load).dump() + "\n";
+    const std::string text = to_json(result, f.load, bf16).dump() + "\n";
     try {
       write_file_atomically(*f.json, {reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
     } catch (const InputError& e) {

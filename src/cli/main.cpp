@@ -8,6 +8,7 @@
 #include <functional>
 #include <iostream>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "commands.hpp"
@@ -73,6 +74,19 @@ int main(int argc, char** argv) {
   if (show_version) {
     print_version();
     return 0;
+  }
+  // Training's flags before a subcommand would be read as training's and silently not
+  // applied to it ("mnist_mt --precision bf16 eval ...").
+  for (const CLI::App* sub : {eval_app, predict_app}) {
+    if (!sub->parsed()) continue;
+    for (const CLI::Option* option : app.get_options())
+      if (option->count() > 0) {
+        const std::string flag = option->get_name(), command = sub->get_name();
+        report((flag + ": given before '" + command + "', which takes its flags after it (mnist_mt " + command + " " +
+                flag + " ...)")
+                   .c_str());
+        return 2;
+      }
   }
   // As training does (SignalWatch): a reader that closes the pipe early fails the
   // writes to stdout, which finish_stdout reports, instead of ending us before our files.

@@ -18,6 +18,19 @@ Isa detect() {
   return avx2 ? Isa::kAvx2 : Isa::kPortable;
 }
 
+// Whether the CPU has AVX512_BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) or AMX-BF16 (leaf 7,
+// EDX bit 22), whatever oneDNN may use.
+bool cpu_has_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool avx512_bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && (a & (1u << 5)) != 0;
+  const bool amx_bf16 = __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (d & (1u << 22)) != 0;
+  return avx512_bf16 || amx_bf16;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 Isa kernel_isa() {
@@ -30,24 +43,11 @@ bool bf16_products() {
   return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
 }
 
-// Whether the CPU has AVX512_BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) or AMX-BF16 (leaf 7,
-// EDX bit 22), whatever oneDNN may use.
-static bool cpu_has_bf16() {
-#if defined(__x86_64__) || defined(__i386__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  const bool avx512_bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && (a & (1u << 5)) != 0;
-  const bool amx_bf16 = __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (d & (1u << 22)) != 0;
-  return avx512_bf16 || amx_bf16;
-#else
-  return false;
-#endif
-}
-
 std::string no_bf16_products() {
   if (!cpu_has_bf16()) return "this CPU has neither AVX512_BF16 nor AMX";
-  const char* held = std::getenv("ONEDNN_MAX_CPU_ISA");
-  if (held == nullptr) held = std::getenv("DNNL_MAX_CPU_ISA");
-  if (held != nullptr) return std::string("oneDNN is held to ") + isa_name(kernel_isa()) + " by ONEDNN_MAX_CPU_ISA=" + held;
+  for (const char* name : {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"})
+    if (const char* held = std::getenv(name))
+      return std::string("oneDNN is held below them by ") + name + "=" + held;
   return std::string("oneDNN cannot use this CPU's AVX512_BF16 or AMX (it runs at ") + isa_name(kernel_isa()) + ")";
 }
 

@@ -52,7 +52,7 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
     : backend_(backend),
       data_(data),
       config_(config),
-      place_(place_of(config)),
+      place_(place_of(config, backend)),
       start_(starting_point(config, data, place_.world)),
       layout_(layout_of(config, place_, start_, backend)),
       factors_(exchanges_factors(config, place_, layout_.shards, backend)),

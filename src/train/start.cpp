@@ -1,5 +1,6 @@
 #include "start.hpp"
 
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -56,8 +57,54 @@ std::string ranks_text(std::uint64_t ranks, std::uint64_t batch) {
 
 }  // namespace
 
-// Where this process's ranks are: the processes agree that each runs as many ranks.
-Place place_of(const TrainConfig& config) {
+namespace {
+
+// What every process of a launch must run alike, a word each, named by its flag.
+struct Setting {
+  const char* flag;
+  std::uint64_t value;
+};
+
+std::vector<Setting> settings(const TrainConfig& c, const Backend& backend) {
+  const auto bits = [](double v) {
+    std::uint64_t u = 0;
+    std::memcpy(&u, &v, sizeof u);
+    return u;
+  };
+  const OptimizerOptions& o = c.optimizer;
+  const ScheduleOptions& s = c.schedule;
+  return {{"--epochs", c.epochs},
+          {"--batch-size", c.batch},
+          {"--optimizer", static_cast<std::uint64_t>(o.kind)},
+          {"--lr", bits(o.lr)},
+          {"--momentum", bits(o.momentum)},
+          {"--weight-decay", bits(o.weight_decay)},
+          {"--nesterov", o.nesterov ? 1u : 0u},
+          {"--betas", bits(o.beta1)},
+          {"--betas", bits(o.beta2)},
+          {"--eps", bits(o.eps)},
+          {"--rho", bits(o.rho)},
+          {"--lr-schedule", static_cast<std::uint64_t>(s.kind)},
+          {"--lr-step", s.step_epochs},
+          {"--gamma", bits(s.gamma)},
+          {"--warmup", s.warmup},
+          {"--target-accuracy", c.target_accuracy ? bits(*c.target_accuracy) : ~std::uint64_t{0}},
+          {"--eval-every", c.eval_every},
+          {"--seed", c.seed},
+          {"--bucket-mb", bits(c.bucket_mb)},
+          {"--exchange", static_cast<std::uint64_t>(c.exchange)},
+          {"--load", c.load ? 1u : 0u},
+          {"--save-every", c.save_every},
+          {"--on-nan", static_cast<std::uint64_t>(c.on_nan)},
+          {"--max-steps", c.max_steps},
+          {"--precision", static_cast<std::uint64_t>(backend.precision())}};
+}
+
+}  // namespace
+
+// Where this process's ranks are: the processes agree that each runs as many ranks, with
+// the same settings.
+Place place_of(const TrainConfig& config, const Backend& backend) {
   Place place;
   const int ranks = static_cast<int>(config.devices.size());
   place.world = ranks;
@@ -67,18 +114,25 @@ Place place_of(const TrainConfig& config) {
     throw SameOnEveryProcess("--mode dp drives every device from one thread of one process: run it without mpirun/srun");
   }
   const int count = processes->count(), me = processes->index();
-  std::vector<std::int32_t> all(static_cast<std::size_t>(count));
-  const std::int32_t mine = ranks;
+  const std::vector<Setting> alike = settings(config, backend);
+  std::vector<std::uint64_t> mine{static_cast<std::uint64_t>(ranks)};
+  for (const Setting& s : alike) mine.push_back(s.value);
+  std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(count));
   // Within --timeout: a process that failed before this exchange has ended the launch,
   // but one that stopped has not.
-  allgather_within(*processes, &mine, all.data(), sizeof mine, config.timeout_s, "while the processes set up");
+  allgather_within(*processes, mine.data(), all.data(), mine.size() * sizeof(std::uint64_t), config.timeout_s,
+                   "while the processes set up");
+  const auto where = [&](int p) { return "process " + std::to_string(p) + " (host " + processes->host(p) + ")"; };
   for (int p = 0; p < count; ++p) {
-    if (all[static_cast<std::size_t>(p)] != mine) {
-      throw SameOnEveryProcess("process " + std::to_string(p) + " (host " + processes->host(p) + ") runs " +
-                       std::to_string(all[static_cast<std::size_t>(p)]) + " ranks and process " + std::to_string(me) +
-                       " (host " + processes->host(me) + ") " + std::to_string(mine) +
-                       ": every process must run as many (--cpu, --gpus)");
+    const std::uint64_t* theirs = all.data() + static_cast<std::size_t>(p) * mine.size();
+    if (theirs[0] != mine[0]) {
+      throw SameOnEveryProcess(where(p) + " runs " + std::to_string(theirs[0]) + " ranks and " + where(me) + " " +
+                               std::to_string(ranks) + ": every process must run as many (--cpu, --gpus)");
     }
+    for (std::size_t i = 0; i < alike.size(); ++i)
+      if (theirs[i + 1] != mine[i + 1])
+        throw SameOnEveryProcess(where(p) + " and " + where(me) + " were given different " + alike[i].flag +
+                                 ": every process must train with the same flags");
   }
   place.processes = processes;
   place.timeout_s = config.timeout_s;
@@ -145,7 +199,10 @@ ShardLayout layout_of(const TrainConfig& config, const Place& place, const Check
     return layout;
   }
   if (start.world == world) return layout;
+  const bool bf16 = backend.precision() == Precision::kBf16;
   const std::string why = config.mode != Mode::kDdp     ? "--mode dp"
+                          : start.bf16_products != bf16 ? std::string("its products were ") +
+                                                              (start.bf16_products ? "bf16" : "fp32")
                           : !backend.sums_shards()      ? backend.name() + " devices"
                           : place.process_count() > 1   ? "several processes"
                           : world > start.world         ? "more ranks than its"

@@ -25,8 +25,10 @@ struct ShardLayout {
   std::string note;  // for the progress stream when resuming under another rank count
 };
 
-// This process's ranks in the world: the processes agree that each runs as many ranks.
-Place place_of(const TrainConfig& config);
+// This process's ranks in the world: the processes agree that each runs as many ranks,
+// and with the same training settings and products (a launch whose processes were given
+// different flags would meet in different collectives).
+Place place_of(const TrainConfig& config, const Backend& backend);
 // The checkpoint's parameters, optimizer state and loop state, checked against the run
 // and the data, or fresh parameters from the seed. Throws InputError ("load", "batch").
 Checkpoint starting_point(const TrainConfig& config, const Dataset& data, int world);
