@@ -146,7 +146,7 @@ TEST(Cli, Bf16ProductsAreRefusedWhereOneDnnHasNone) {
   EXPECT_EQ(count_lines(o.err), 1) << o.err;
   const std::string why = o.err.find("this CPU has neither") != std::string::npos
                               ? "this CPU has neither AVX512_BF16 nor AMX"
-                              : "oneDNN is held below them by ONEDNN_MAX_CPU_ISA=AVX2";
+                              : "oneDNN does not use this CPU's AVX512_BF16 or AMX (it runs at avx2; ONEDNN_MAX_CPU_ISA=AVX2)";
   EXPECT_EQ(o.err, "mnist_mt: error: --precision: bf16 needs AVX512_BF16 or AMX: " + why + "; use fp32\n");
   EXPECT_EQ(o.out.find("epoch 1"), std::string::npos);
 }
@@ -195,6 +195,10 @@ TEST(Cli, AFlagBeforeASubcommandIsRefused) {
     EXPECT_EQ(o.exit_code, 2) << command;
     EXPECT_EQ(o.err, std::string("mnist_mt: error: --precision: given before '") + command +
                          "', which takes its flags after it (mnist_mt " + command + " --precision ...)\n");
+    const Outcome seed = run_cli({"--seed", "3", command, "--load", "x.safetensors"}, 60s);
+    EXPECT_EQ(seed.exit_code, 2) << command;
+    EXPECT_EQ(seed.err, std::string("mnist_mt: error: --seed: given before '") + command +
+                            "', which has no such flag (training has)\n");
   }
 }
 

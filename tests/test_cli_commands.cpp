@@ -104,6 +104,7 @@ TEST(CliEval, ReportsTheTrainingRunsLastAccuracyAndAConfusionMatrixThatAddsUp) {
   EXPECT_NE(o.out.find("confusion matrix (rows: label, columns: predicted):"), std::string::npos) << o.out;
   const Json r = Json::parse(slurp(json));
   EXPECT_EQ(r["samples"], 50);
+  EXPECT_EQ(r["precision"], "fp32");
   EXPECT_EQ(r["test_accuracy"].get<double>(), trained().metrics["test_accuracy"].get<double>());
   EXPECT_NEAR(r["test_loss"].get<double>(), trained().metrics["test_loss"].get<double>(), 1e-9);
   std::uint64_t total = 0, diagonal = 0;

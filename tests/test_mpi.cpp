@@ -303,10 +303,11 @@ TEST(Mpi, ProcessesWithDifferentRankCountsAreRefused) {
 }
 
 // Every process must train with the same flags: processes that would meet in different
-// collectives (another --exchange) or train apart (another --seed) are refused, one line,
-// exit 2, naming the flag.
+// collectives (another --exchange, --mode dp in one of them) or train apart (another
+// --seed) are refused, one line, exit 2, naming the flag.
 TEST(Mpi, ProcessesWithDifferentFlagsAreRefused) {
-  for (const auto& [flag, one, other] : {std::tuple{"--exchange", "gradients", "factors"}, std::tuple{"--seed", "1", "2"}}) {
+  for (const auto& [flag, one, other] : {std::tuple{"--exchange", "gradients", "factors"}, std::tuple{"--seed", "1", "2"},
+                                         std::tuple{"--mode", "ddp", "dp"}}) {
     std::vector<std::string> command = mpirun(1, train_args({"--cpu", "1", "--batch-size", "4", flag, one}));
     command.insert(command.end(), {":", "-np", "1", exe_path()});
     const auto rest = train_args({"--cpu", "1", "--batch-size", "4", flag, other});

@@ -82,8 +82,10 @@ int main(int argc, char** argv) {
     for (const CLI::Option* option : app.get_options())
       if (option->count() > 0) {
         const std::string flag = option->get_name(), command = sub->get_name();
-        report((flag + ": given before '" + command + "', which takes its flags after it (mnist_mt " + command + " " +
-                flag + " ...)")
+        report((flag + ": given before '" + command + "', " +
+                (sub->get_option_no_throw(flag) != nullptr
+                     ? "which takes its flags after it (mnist_mt " + command + " " + flag + " ...)"
+                     : "which has no such flag (training has)"))
                    .c_str());
         return 2;
       }

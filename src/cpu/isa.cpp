@@ -45,10 +45,11 @@ bool bf16_products() {
 
 std::string no_bf16_products() {
   if (!cpu_has_bf16()) return "this CPU has neither AVX512_BF16 nor AMX";
+  std::string why = std::string("oneDNN does not use this CPU's AVX512_BF16 or AMX (it runs at ") +
+                    isa_name(kernel_isa());
   for (const char* name : {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"})
-    if (const char* held = std::getenv(name))
-      return std::string("oneDNN is held below them by ") + name + "=" + held;
-  return std::string("oneDNN cannot use this CPU's AVX512_BF16 or AMX (it runs at ") + isa_name(kernel_isa()) + ")";
+    if (const char* held = std::getenv(name)) return why + "; " + name + "=" + held + ")";
+  return why + ")";
 }
 
 const char* isa_name(Isa isa) {

@@ -52,7 +52,7 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
     : backend_(backend),
       data_(data),
       config_(config),
-      place_(place_of(config, backend)),
+      place_(place_of(config, data, backend)),
       start_(starting_point(config, data, place_.world)),
       layout_(layout_of(config, place_, start_, backend)),
       factors_(exchanges_factors(config, place_, layout_.shards, backend)),
@@ -66,6 +66,7 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
                 [this] { abort_collectives(); loaders_.cancel(); }),
       stop_line_(ranks()),
       faults_(config.faults, place_.first_rank, failures_) {
+  agree_on_start(start_, place_);
   // World rank 0's process writes the files and speaks.
   if (!layout_.note.empty() && config_.progress != nullptr && place_.process() == 0)
     *config_.progress << layout_.note << "\n";

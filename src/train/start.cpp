@@ -1,5 +1,6 @@
 #include "start.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -65,15 +66,29 @@ struct Setting {
   std::uint64_t value;
 };
 
-std::vector<Setting> settings(const TrainConfig& c, const Backend& backend) {
+// FNV-1a of a data set's labels: the same data on every host, not only as many images.
+std::uint64_t labels_hash(const Dataset& data) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (const auto* split : {&data.train, &data.test})
+    for (const std::uint8_t label : split->labels) h = (h ^ label) * 1099511628211ull;
+  return h;
+}
+
+std::vector<Setting> settings(const TrainConfig& c, const Dataset& data, const Backend& backend) {
   const auto bits = [](double v) {
+    if (v == 0) v = 0;  // -0 as typed is 0
     std::uint64_t u = 0;
     std::memcpy(&u, &v, sizeof u);
     return u;
   };
   const OptimizerOptions& o = c.optimizer;
   const ScheduleOptions& s = c.schedule;
-  return {{"--epochs", c.epochs},
+  return {{"--cpu, --gpus", backend.name() == "cpu" ? 0u : 1u},
+          {"--mode", static_cast<std::uint64_t>(c.mode)},
+          {"--data (its training images)", data.train.size()},
+          {"--data (its test images)", data.test.size()},
+          {"--data (its labels)", labels_hash(data)},
+          {"--epochs", c.epochs},
           {"--batch-size", c.batch},
           {"--optimizer", static_cast<std::uint64_t>(o.kind)},
           {"--lr", bits(o.lr)},
@@ -104,17 +119,14 @@ std::vector<Setting> settings(const TrainConfig& c, const Backend& backend) {
 
 // Where this process's ranks are: the processes agree that each runs as many ranks, with
 // the same settings.
-Place place_of(const TrainConfig& config, const Backend& backend) {
+Place place_of(const TrainConfig& config, const Dataset& data, const Backend& backend) {
   Place place;
   const int ranks = static_cast<int>(config.devices.size());
   place.world = ranks;
   const std::shared_ptr<Processes>& processes = config.processes;
   if (processes == nullptr || processes->count() == 1) return place;
-  if (config.mode == Mode::kDp) {
-    throw SameOnEveryProcess("--mode dp drives every device from one thread of one process: run it without mpirun/srun");
-  }
   const int count = processes->count(), me = processes->index();
-  const std::vector<Setting> alike = settings(config, backend);
+  const std::vector<Setting> alike = settings(config, data, backend);
   std::vector<std::uint64_t> mine{static_cast<std::uint64_t>(ranks)};
   for (const Setting& s : alike) mine.push_back(s.value);
   std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(count));
@@ -134,11 +146,38 @@ Place place_of(const TrainConfig& config, const Backend& backend) {
         throw SameOnEveryProcess(where(p) + " and " + where(me) + " were given different " + alike[i].flag +
                                  ": every process must train with the same flags");
   }
+  // After the exchange, so that a launch of which one process alone asked for it is
+  // refused by every process (a mode that differs above).
+  if (config.mode == Mode::kDp) {
+    throw SameOnEveryProcess("--mode dp drives every device from one thread of one process: run it without mpirun/srun");
+  }
   place.processes = processes;
   place.timeout_s = config.timeout_s;
   place.first_rank = me * ranks;
   place.world = count * ranks;
   return place;
+}
+
+void agree_on_start(const Checkpoint& start, const Place& place) {
+  if (place.processes == nullptr) return;
+  Processes& processes = *place.processes;
+  std::uint64_t params = 14695981039346656037ull;  // FNV-1a of the parameters' bytes
+  for (const float v : start.params) {
+    std::uint32_t u = 0;
+    std::memcpy(&u, &v, sizeof u);
+    params = (params ^ u) * 1099511628211ull;
+  }
+  const std::vector<std::uint64_t> mine{start.epoch, start.epoch_step, start.step, start.seed, params};
+  std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(processes.count()));
+  allgather_within(processes, mine.data(), all.data(), mine.size() * sizeof(std::uint64_t), place.timeout_s,
+                   "while the processes set up");
+  const int me = processes.index();
+  for (int p = 0; p < processes.count(); ++p)
+    if (!std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(p * mine.size())))
+      throw SameOnEveryProcess("process " + std::to_string(p) + " (host " + processes.host(p) + ") and process " +
+                               std::to_string(me) + " (host " + processes.host(me) +
+                               ") start from different weights or steps (--load, --seed): every process must "
+                               "load the same checkpoint");
 }
 
 // The checkpoint's parameters, optimizer state and loop state (its seed too, so that a resumed

@@ -25,10 +25,14 @@ struct ShardLayout {
   std::string note;  // for the progress stream when resuming under another rank count
 };
 
-// This process's ranks in the world: the processes agree that each runs as many ranks,
-// and with the same training settings and products (a launch whose processes were given
-// different flags would meet in different collectives).
-Place place_of(const TrainConfig& config, const Backend& backend);
+// This process's ranks in the world: the processes agree that each runs as many ranks of
+// the same kind of device, on the same data, with the same training settings and products
+// (a launch whose processes were given different flags would meet in different
+// collectives, or train apart).
+Place place_of(const TrainConfig& config, const Dataset& data, const Backend& backend);
+// Across the processes of a launch (place.processes): that every one starts from the same
+// weights, seed and position, i.e. loaded the same checkpoint (SameOnEveryProcess if not).
+void agree_on_start(const Checkpoint& start, const Place& place);
 // The checkpoint's parameters, optimizer state and loop state, checked against the run
 // and the data, or fresh parameters from the seed. Throws InputError ("load", "batch").
 Checkpoint starting_point(const TrainConfig& config, const Dataset& data, int world);
