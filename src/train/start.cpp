@@ -56,22 +56,26 @@ std::string ranks_text(std::uint64_t ranks, std::uint64_t batch) {
   return std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") + " x " + std::to_string(batch);
 }
 
-}  // namespace
-
-namespace {
-
 // What every process of a launch must run alike, a word each, named by its flag.
 struct Setting {
   const char* flag;
   std::uint64_t value;
 };
 
-// FNV-1a of a data set's labels: the same data on every host, not only as many images.
+// FNV-1a, a word at a time: what the processes compare of their data and weights.
+constexpr std::uint64_t kFnvBasis = 14695981039346656037ull;
+constexpr std::uint64_t fnv1a(std::uint64_t hash, std::uint64_t word) { return (hash ^ word) * 1099511628211ull; }
+
+// A data set's labels: the same data on every host, not only as many images.
 std::uint64_t labels_hash(const Dataset& data) {
-  std::uint64_t h = 14695981039346656037ull;
+  std::uint64_t h = kFnvBasis;
   for (const auto* split : {&data.train, &data.test})
-    for (const std::uint8_t label : split->labels) h = (h ^ label) * 1099511628211ull;
+    for (const std::uint8_t label : split->labels) h = fnv1a(h, label);
   return h;
+}
+
+std::string process_text(const Processes& processes, int p) {
+  return "process " + std::to_string(p) + " (host " + processes.host(p) + ")";
 }
 
 std::vector<Setting> settings(const TrainConfig& c, const Dataset& data, const Backend& backend) {
@@ -134,7 +138,7 @@ Place place_of(const TrainConfig& config, const Dataset& data, const Backend& ba
   // but one that stopped has not.
   allgather_within(*processes, mine.data(), all.data(), mine.size() * sizeof(std::uint64_t), config.timeout_s,
                    "while the processes set up");
-  const auto where = [&](int p) { return "process " + std::to_string(p) + " (host " + processes->host(p) + ")"; };
+  const auto where = [&](int p) { return process_text(*processes, p); };
   for (int p = 0; p < count; ++p) {
     const std::uint64_t* theirs = all.data() + static_cast<std::size_t>(p) * mine.size();
     if (theirs[0] != mine[0]) {
@@ -161,11 +165,11 @@ Place place_of(const TrainConfig& config, const Dataset& data, const Backend& ba
 void agree_on_start(const Checkpoint& start, const Place& place) {
   if (place.processes == nullptr) return;
   Processes& processes = *place.processes;
-  std::uint64_t params = 14695981039346656037ull;  // FNV-1a of the parameters' bytes
+  std::uint64_t params = kFnvBasis;
   for (const float v : start.params) {
     std::uint32_t u = 0;
     std::memcpy(&u, &v, sizeof u);
-    params = (params ^ u) * 1099511628211ull;
+    params = fnv1a(params, u);
   }
   const std::vector<std::uint64_t> mine{start.epoch, start.epoch_step, start.step, start.seed, params};
   std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(processes.count()));
@@ -174,10 +178,9 @@ void agree_on_start(const Checkpoint& start, const Place& place) {
   const int me = processes.index();
   for (int p = 0; p < processes.count(); ++p)
     if (!std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(p * mine.size())))
-      throw SameOnEveryProcess("process " + std::to_string(p) + " (host " + processes.host(p) + ") and process " +
-                               std::to_string(me) + " (host " + processes.host(me) +
-                               ") start from different weights or steps (--load, --seed): every process must "
-                               "load the same checkpoint");
+      throw SameOnEveryProcess(process_text(processes, p) + " and " + process_text(processes, me) +
+                               " start from different weights or steps (--load, --seed): every process must load the "
+                               "same checkpoint");
 }
 
 // The checkpoint's parameters, optimizer state and loop state (its seed too, so that a resumed
