@@ -19,6 +19,8 @@ namespace mnist_mt {
 // bfloat16, accumulating and writing float32; weights, loss, reductions and the update
 // stay float32 (docs/cli.md).
 enum class Precision { kFp32, kBf16 };
+// The value of --precision, as --metrics, eval's JSON and the messages write it.
+constexpr const char* precision_name(bool bf16) { return bf16 ? "bf16" : "fp32"; }
 
 struct BackendOptions {
   Precision precision = Precision::kFp32;

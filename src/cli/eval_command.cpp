@@ -41,7 +41,7 @@ void print(const EvalResult& r, std::ostream& out) {
 nlohmann::ordered_json to_json(const EvalResult& r, const std::string& checkpoint, bool bf16) {
   nlohmann::ordered_json j;
   j["checkpoint"] = checkpoint;
-  j["precision"] = bf16 ? "bf16" : "fp32";
+  j["precision"] = precision_name(bf16);
   j["samples"] = r.samples;
   j["test_loss"] = r.loss;
   j["test_accuracy"] = r.accuracy;
@@ -72,8 +72,8 @@ int run_eval(const EvalFlags& f) {
   std::cout << "mnist_mt: eval of " << f.load << " on " << config.devices.size() << ' ' << devices.backend->name()
             << " device(s)" << (bf16 ? ", fc1 and fc2 on bf16 operands" : "") << std::endl;
   if (trained_bf16 != bf16)
-    std::cout << "mnist_mt: " << f.load << " was trained with " << (trained_bf16 ? "bf16" : "fp32")
-              << " products, evaluated with " << (bf16 ? "bf16" : "fp32")
+    std::cout << "mnist_mt: " << f.load << " was trained with " << precision_name(trained_bf16)
+              << " products, evaluated with " << precision_name(bf16)
               << " ones (--precision): its run's test figures may differ in their last digits" << std::endl;
   const EvalResult result = with_flag_names({{"batch", "--batch-size"}, {"load", "--load"}},
                                             [&] { return evaluate(*devices.backend, data, config); });

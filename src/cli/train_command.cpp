@@ -209,7 +209,7 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   if (processes != nullptr) out << processes->count() << " processes x ";
   out << config.devices.size() << ' ' << devices.backend->name() << " device(s)";
   if (pin && devices.backend->name() == "cpu") out << pinning(config.devices.size());
-  if (f.device.precision == "bf16") out << ", fc1 and fc2 on bf16 operands";
+  if (devices.backend->precision() == Precision::kBf16) out << ", fc1 and fc2 on bf16 operands";
   out << ", batch " << config.batch << " per device, " << describe_training(config) << ", " << data.train.size()
       << " training and " << data.test.size() << " test images"
       << interrupt_note << std::endl;

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <nlohmann/json.hpp>
 
+#include "mnist_mt/backend.hpp"
 #include "mnist_mt/file_io.hpp"
 
 namespace mnist_mt {
@@ -45,7 +46,7 @@ void MetricsFile::write(const EpochMetrics& m) {
         {"gather", m.phase_seconds.gather},
         {"host_launch", m.phase_seconds.host_launch}}},
       {"eval_seconds", m.eval_seconds},
-      {"precision", m.bf16_products ? "bf16" : "fp32"},
+      {"precision", precision_name(m.bf16_products)},
   };
   nlohmann::ordered_json out = line;
   if (const auto& bytes = m.bytes_sent_per_step) {

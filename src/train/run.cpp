@@ -77,8 +77,8 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
                       << ": fc1's sums rounded otherwise (not bit for bit)\n";
   if (config_.load && start_.bf16_products != bf16_products() && config_.epochs > start_.epoch &&
       config_.progress != nullptr && place_.process() == 0)
-    *config_.progress << "mnist_mt: resuming a checkpoint trained with " << (start_.bf16_products ? "bf16" : "fp32")
-                      << " products with " << (bf16_products() ? "bf16" : "fp32")
+    *config_.progress << "mnist_mt: resuming a checkpoint trained with " << precision_name(start_.bf16_products)
+                      << " products with " << precision_name(bf16_products())
                       << " ones (--precision): not bit for bit\n";
   if (config_.metrics && place_.process() == 0) metrics_.emplace(*config_.metrics, config_.load.has_value());
   if (config_.trace && place_.process() == 0) trace_.emplace(*config_.trace, start_.step, config_.trace_steps);

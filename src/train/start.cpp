@@ -244,7 +244,7 @@ ShardLayout layout_of(const TrainConfig& config, const Place& place, const Check
   const bool bf16 = backend.precision() == Precision::kBf16;
   const std::string why = config.mode != Mode::kDdp     ? "--mode dp"
                           : start.bf16_products != bf16 ? std::string("its products were ") +
-                                                              (start.bf16_products ? "bf16" : "fp32")
+                                                              precision_name(start.bf16_products)
                           : !backend.sums_shards()      ? backend.name() + " devices"
                           : place.process_count() > 1   ? "several processes"
                           : world > start.world         ? "more ranks than its"
