@@ -124,6 +124,9 @@ void bench_step(benchmark::State& state, Backend& backend, Mode mode, int world,
   state.counters["opt_us"] = p.optimizer * us;
   if (mode == Mode::kDdp) state.counters["launch_us"] = p.host_launch * us;  // the host's enqueueing
   if (m.bytes_sent_per_step) state.counters["fc1_bytes"] = (*m.bytes_sent_per_step)[kFc1];
+  // A replayed step: its device time whole, and its graph's nodes.
+  if (p.replayed > 0) state.counters["replayed_us"] = p.replayed * us;
+  if (m.graph_nodes) state.counters["graph_nodes"] = static_cast<double>(*m.graph_nodes);
   if (p.broadcast + p.gather > 0) {  // --mode dp's own phases
     state.counters["bcast_us"] = p.broadcast * us;
     state.counters["gather_us"] = p.gather * us;

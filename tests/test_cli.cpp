@@ -23,7 +23,7 @@ TEST(Cli, HelpListsTheFlagsButNotTheTestHook) {
   for (const char* flag : {"--cpu", "--gpus", "--mode", "--epochs", "--batch-size", "--lr", "--momentum",
                            "--weight-decay", "--seed", "--bucket-mb", "--data", "--save", "--load", "--metrics",
                            "--save-every", "--keep", "--timeout", "--on-nan", "--trace", "--trace-steps",
-                           "--no-pin"}) {
+                           "--phase-times", "--no-pin"}) {
     EXPECT_NE(o.out.find(flag), std::string::npos) << flag;
   }
   EXPECT_EQ(o.out.find("--inject-fault"), std::string::npos);

@@ -1,8 +1,9 @@
 // The trainer on the CUDA backend, judged by its saved checkpoints (--save): on one GPU,
 // ranks that share it train what one rank of their global batch trains (ddp and dp),
 // one GPU trains what one CPU rank trains, a failing rank among peers on the GPU stops
-// every rank, a resumed run continues an uninterrupted one bit for bit, and a step replayed
-// as a CUDA graph trains what the step enqueued call by call does. Needs a GPU
+// every rank, a resumed run continues an uninterrupted one bit for bit, a step replayed
+// as a CUDA graph trains what the step enqueued call by call does, and holds timing
+// events only when the phases are asked for. Needs a GPU
 // (gpu_main.cpp); several ranks on one GPU meet in the local group (src/comm).
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -160,6 +161,29 @@ TEST(CudaTrainer, AReplayedStepGraphTrainsWhatTheEnqueuedStepTrains) {
   TrainConfig still = c;
   still.optimizer.lr = 0;
   EXPECT_GT(relative_difference(replayed.params, saved_params("cuda", still, graphs)), 1e-3);
+}
+
+// A replayed step holds no timing events unless its phases are asked for: it is timed
+// whole (PhaseSeconds::replayed), and its graph has exactly the four marks fewer that
+// --phase-times records inside it (forward, backward, comm wait, end; the begin mark is
+// made before the launch). A world of one rank holds no collective, so nothing is on the
+// comm stream between backward and the comm wait.
+TEST(CudaTrainer, AReplayedStepIsTimedWholeUnlessItsPhasesAreAsked) {
+  auto backend = make_cuda_backend({});
+  TrainConfig lean = config_for({0}, 64);
+  TrainConfig phases = lean;
+  phases.phase_times = true;
+  const EpochMetrics a = train(*backend, dataset(), lean).epochs.back();
+  const EpochMetrics b = train(*backend, dataset(), phases).epochs.back();
+  ASSERT_TRUE(a.graph_nodes && b.graph_nodes);
+  EXPECT_EQ(*b.graph_nodes, *a.graph_nodes + 4);
+  EXPECT_GT(a.phase_seconds.replayed, 0.0);
+  EXPECT_EQ(a.phase_seconds.forward + a.phase_seconds.backward + a.phase_seconds.optimizer, 0.0);
+  EXPECT_EQ(b.phase_seconds.replayed, 0.0);
+  EXPECT_GT(b.phase_seconds.forward, 0.0);
+  EXPECT_GT(b.phase_seconds.backward, 0.0);
+  EXPECT_GT(b.phase_seconds.optimizer, 0.0);
+  EXPECT_LT(b.phase_seconds.comm_wait, 0.1 * b.phase_seconds.backward);
 }
 
 // A rank that fails while its step graphs hold NCCL's communicator: the abort (which

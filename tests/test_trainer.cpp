@@ -26,6 +26,7 @@
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "train/buckets.hpp"
+#include "train/step_timer.hpp"
 #include "train_fixture.hpp"
 
 namespace mnist_mt {
@@ -274,6 +275,9 @@ TEST(Trainer, MetricsFileHasALinePerEpochWithTheKeys) {
     }
     for (const char* key : {"broadcast", "gather"})  // --mode dp's phases
       EXPECT_EQ(j.at("phase_seconds").at(key).get<double>(), 0.0) << key;
+    // CPU devices record no steps: nothing is timed whole, and there is no graph.
+    EXPECT_EQ(j.at("phase_seconds").at("replayed").get<double>(), 0.0);
+    EXPECT_FALSE(j.contains("graph_nodes"));
     EXPECT_LE(phases, j.at("seconds").get<double>());
   }
   EXPECT_EQ(lines, 2);
@@ -283,6 +287,43 @@ TEST(Trainer, MetricsFileHasALinePerEpochWithTheKeys) {
   EXPECT_NE(progress.str().find("epoch 1 step 4/4"), std::string::npos) << progress.str();
   EXPECT_NE(progress.str().find("epoch 2: train loss"), std::string::npos) << progress.str();
   EXPECT_NE(progress.str().find("test accuracy"), std::string::npos) << progress.str();
+}
+
+// A step whose recording holds no marks (StepGraphs without phase times) is timed
+// whole, from its begin mark to one made after its replay; a step timed by phase cannot
+// also be timed whole. The marks are a CPU device's here (which records nothing itself).
+TEST(StepTimer, AStepRecordedWithoutMarksIsTimedWhole) {
+  auto backend = make_cpu_backend({});
+  const int ids[] = {0};
+  auto devices = backend->make_devices(ids);
+  Device& device = *devices[0];
+  StepTimer timer(device, 0, nullptr);
+  timer.begin(0, 0, 0);
+  timer.pause(true);  // as StepGraphs records a step
+  timer.end_forward();
+  timer.begin_comm(StepTimer::CommKind::kAllreduce);
+  timer.end_comm();
+  timer.end_backward();
+  timer.end_comm_wait();
+  timer.end_step();
+  timer.pause(false);
+  EXPECT_EQ(timer.marks(), 1u);
+  timer.replayed_whole();
+  EXPECT_EQ(timer.marks(), 2u);
+  timer.begin(1, 0, 0);  // a step timed by phase
+  timer.end_forward();
+  timer.end_backward();
+  timer.end_comm_wait();
+  timer.end_step();
+  EXPECT_THROW(timer.replayed_whole(), RuntimeFailure);
+  device.synchronize();
+  PhaseSeconds p;
+  timer.harvest(p);
+  EXPECT_GE(p.replayed, 0.0);
+  EXPECT_GT(p.forward + p.backward + p.comm_wait + p.optimizer, 0.0);
+  PhaseSeconds again;
+  timer.harvest(again);  // both steps were harvested
+  EXPECT_EQ(again.replayed + again.forward + again.optimizer, 0.0);
 }
 
 // --mode dp times every phase, its own two included, by waiting for the devices: each

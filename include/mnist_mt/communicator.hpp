@@ -55,6 +55,10 @@ class Communicator {
   // calls (the same bits on every rank), and reset; nullopt from a communicator that
   // does not keep it. A step's gradient norm comes from the reduction's own pass this way.
   virtual std::optional<double> take_reduced_squares() { return std::nullopt; }
+  // Whether take_reduced_squares() gives a value: the reduction's pass doubles as the
+  // norm's, so even a world of one rank runs it (CPU devices, where it runs on the comm
+  // thread beside backward).
+  virtual bool keeps_reduced_squares() const { return false; }
 
   // Callable from any thread, any number of times: releases every rank blocked in a
   // collective of this group, now or later; their streams fail with Aborted.

@@ -36,6 +36,9 @@ struct TimeMark {
 class RecordedStep {
  public:
   virtual ~RecordedStep() = default;
+  // The pieces of work a replay launches: a CUDA graph's nodes (kernels, copies, memsets,
+  // event records and waits, collectives' kernels).
+  virtual std::size_t nodes() const = 0;
 };
 
 class Device {

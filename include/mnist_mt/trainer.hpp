@@ -110,6 +110,11 @@ struct TrainConfig {
   // A Chrome trace-event JSON of the first trace_steps steps (DDP), written at the end.
   std::optional<std::filesystem::path> trace;
   std::uint32_t trace_steps = 20;
+  // Every DDP step's phases timed on the device (PhaseSeconds). On GPUs that puts a
+  // timing event at each phase's end inside the replayed CUDA graph, retargeted before
+  // each launch; without it (nor a trace), a replayed step is timed whole
+  // (PhaseSeconds::replayed), from outside its graph.
+  bool phase_times = false;
   std::uint32_t max_steps = 0;     // per epoch, 0 = all (tests and benchmarks)
   bool evaluate = true;
   std::ostream* progress = nullptr;  // rank 0's progress lines and epoch summaries
@@ -133,6 +138,10 @@ struct PhaseSeconds {
   // reuses (what bounds how far the host runs ahead), and the step's work or its graph's
   // launch.
   double host_launch = 0;
+  // --mode ddp, steps replayed as CUDA graphs without TrainConfig::phase_times: their
+  // device time, whole (their forward, backward, comm wait and optimizer are not split
+  // out, and count 0 there).
+  double replayed = 0;
 };
 
 struct EpochMetrics {
@@ -160,6 +169,9 @@ struct EpochMetrics {
   bool fc1_factors = false;
   std::optional<std::array<double, 4>> bytes_sent_per_step;
   bool bf16_products = false;  // --precision bf16 (Backend::precision)
+  // --mode ddp with recorded steps (GPUs): the nodes of world rank 0's recorded step (a
+  // CUDA graph's kernels, copies, event records and waits), as a replay launches them.
+  std::optional<std::uint64_t> graph_nodes;
 };
 
 struct Interruption {  // a run stopped by StopRequest::stop

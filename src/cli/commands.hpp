@@ -33,6 +33,7 @@ struct TrainFlags {
   std::optional<std::string> metrics;
   std::optional<std::string> trace;
   std::int64_t trace_steps = 20;
+  bool phase_times = false;
   std::int64_t max_steps = 0;
   std::optional<std::string> inject_fault;
   std::optional<std::string> inject_stall;

@@ -161,6 +161,7 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   if (f.metrics) config.metrics = *f.metrics;
   if (f.trace) config.trace = *f.trace;
   config.trace_steps = count_flag(f.trace_steps, 1, "--trace-steps");
+  config.phase_times = f.phase_times;
   config.on_nan = f.on_nan == "skip" ? NanPolicy::kSkip : NanPolicy::kStop;
   if (f.inject_fault) {
     const auto [rank, step] = parse_rank_step(*f.inject_fault, "--inject-fault");

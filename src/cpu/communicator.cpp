@@ -57,6 +57,7 @@ class CpuCommunicator final : public Communicator {
   }
   // The comm thread adds to it; with the stream drained, the caller reads it.
   std::optional<double> take_reduced_squares() override { return std::exchange(*squares_, 0.0); }
+  bool keeps_reduced_squares() const override { return true; }
   void abort() override { group_->abort(); }
 
  private:

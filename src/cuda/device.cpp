@@ -90,15 +90,17 @@ struct GraphExecRelease {
 class CudaRecordedStep final : public RecordedStep {
  public:
   CudaRecordedStep(int device, Owner<cudaGraph_t, GraphRelease> graph, Owner<cudaGraphExec_t, GraphExecRelease> exec,
-                   std::vector<cudaGraphNode_t> mark_nodes, std::vector<Lane> lanes)
+                   std::vector<cudaGraphNode_t> mark_nodes, std::vector<Lane> lanes, std::size_t nodes)
       : device_(device),
         graph_(std::move(graph)),
         exec_(std::move(exec)),
+        nodes_(nodes),
         mark_nodes_(std::move(mark_nodes)),
         lanes_(std::move(lanes)) {}
   ~CudaRecordedStep() override { cudaSetDevice(device_); }  // released on its device
 
   cudaGraphExec_t exec() const { return exec_.get(); }
+  std::size_t nodes() const override { return nodes_; }
   const std::vector<cudaGraphNode_t>& mark_nodes() const { return mark_nodes_; }
   const std::vector<Lane>& lanes() const { return lanes_; }
 
@@ -106,16 +108,24 @@ class CudaRecordedStep final : public RecordedStep {
   int device_;
   Owner<cudaGraph_t, GraphRelease> graph_;
   Owner<cudaGraphExec_t, GraphExecRelease> exec_;
+  std::size_t nodes_;
   std::vector<cudaGraphNode_t> mark_nodes_;  // in the order mark() made them
   std::vector<Lane> lanes_;
 };
 
-// The graph's event record nodes of `events`, in their order; empty when one is missing.
-std::vector<cudaGraphNode_t> nodes_recording(cudaGraph_t graph, const std::vector<cudaEvent_t>& events) {
+std::vector<cudaGraphNode_t> graph_nodes(cudaGraph_t graph) {
   std::size_t count = 0;
   CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
   std::vector<cudaGraphNode_t> nodes(count);
   CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  nodes.resize(count);
+  return nodes;
+}
+
+// The event record nodes of `events` among `nodes`, in the events' order; empty when one
+// is missing.
+std::vector<cudaGraphNode_t> nodes_recording(const std::vector<cudaGraphNode_t>& nodes,
+                                             const std::vector<cudaEvent_t>& events) {
   std::vector<cudaGraphNode_t> found(events.size(), nullptr);
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type{};
@@ -156,7 +166,8 @@ std::unique_ptr<RecordedStep> CudaDevice::end_record(std::string& why) {
     cudaGetLastError();
     return nullptr;
   }
-  std::vector<cudaGraphNode_t> nodes = nodes_recording(graph.get(), recorded_marks_);
+  const std::vector<cudaGraphNode_t> all = graph_nodes(graph.get());
+  std::vector<cudaGraphNode_t> nodes = nodes_recording(all, recorded_marks_);
   if (nodes.size() != recorded_marks_.size()) {
     why = "the graph lacks a time mark's event record";
     return nullptr;
@@ -169,7 +180,7 @@ std::unique_ptr<RecordedStep> CudaDevice::end_record(std::string& why) {
     return nullptr;
   }
   return std::make_unique<CudaRecordedStep>(id_, std::move(graph), Owner<cudaGraphExec_t, GraphExecRelease>(exec),
-                                            std::move(nodes), recorded_lanes_);
+                                            std::move(nodes), recorded_lanes_, all.size());
 }
 
 std::size_t CudaDevice::replay(RecordedStep& step, std::span<TimeMark> marks) {

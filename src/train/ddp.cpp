@@ -1,9 +1,11 @@
 // DDP: a worker thread per device. Each gradient bucket's allreduce goes to the comm
 // stream as soon as backward has written the bucket, while backward goes on; the
-// optimizer's work waits for all of them on the device. The host never waits for the
-// device inside a step: the phases are timed by marks on the streams, the stats and the
-// NaN guard's decisions stay on the device, and both are read every kReadEvery steps. On
-// GPUs the step's work after its input copy is one CUDA graph (step_graphs.hpp).
+// optimizer's work waits for all of them on the device. A world of one rank on a GPU
+// exchanges nothing and leaves its comm stream idle. The host never waits for the
+// device inside a step: the phases are timed by marks on the streams (a replayed step
+// whole, unless TrainConfig::phase_times), the stats and the NaN guard's decisions stay
+// on the device, and both are read every kReadEvery steps. On GPUs the step's work after
+// its input copy is one CUDA graph (step_graphs.hpp).
 #include <array>
 #include <functional>
 #include <optional>
@@ -42,10 +44,11 @@ class DdpWorker {
         device_(run.device(rank)),
         comm_(run.comm(rank)),
         factors_(run.factors()),
-        buckets_(make_buckets(run.config().bucket_mb, factors_ ? kFc1 : -1)),
+        solo_(run.shards() == 1 && !factors_ && !comm_.keeps_reduced_squares()),
+        buckets_(solo_ ? std::vector<Bucket>{} : make_buckets(run.config().bucket_mb, factors_ ? kFc1 : -1)),
         step_(run.start().step),
         timer_(device_, rank, run.trace()),
-        graphs_(device_, comm_),
+        graphs_(device_, comm_, run.phase_times()),
         guard_(run.update_guard(comm_)),
         target_(run.config()),
         first_shard_(run.first_shard(rank) - run.first_shard(0)),
@@ -133,6 +136,7 @@ class DdpWorker {
     if (evaluate_now) target_.evaluated(m, stats_of(world.subspan(3)), began, step_);
     const bool go_on = !target_.reached();
     if (run_.global(rank_) != 0) return go_on;
+    if (graphs_.nodes() != 0) m.graph_nodes = graphs_.nodes();
     set_results(m, stats_of(world), epoch_step != 0 ? target_.reached_test() : stats_of(world.subspan(3)));
     run_.end_epoch(m, *replica_, step_, epoch_step);
     return go_on;
@@ -230,7 +234,7 @@ class DdpWorker {
     timer_.end_backward();
 
     run_.beat(rank_, step_, Phase::kOptimizer);
-    device_.compute_wait_comm();
+    if (!solo_) device_.compute_wait_comm();
     timer_.end_comm_wait();
     // fc1's gradients over the world's rows (every rank's batch has `rows`: drop_last).
     if (factors_) replica_->grads_from_factors(rows * static_cast<std::uint32_t>(run_.world()));
@@ -293,6 +297,10 @@ class DdpWorker {
   Device& device_;
   Communicator& comm_;
   const bool factors_;  // fc1's factors exchanged instead of its gradient (Run::factors)
+  // A world of one rank and one shard, whose gradients are their own average: no
+  // collective, and nothing on the comm stream, in its steps. Not where the communicator's
+  // pass is also the norm's (CPU devices: keeps_reduced_squares), which runs beside backward.
+  const bool solo_;
   const std::vector<Bucket> buckets_;
   std::uint64_t step_;  // global: optimizer steps taken
   std::unique_ptr<Replica> replica_;

@@ -44,7 +44,8 @@ void MetricsFile::write(const EpochMetrics& m) {
         {"optimizer", m.phase_seconds.optimizer},
         {"broadcast", m.phase_seconds.broadcast},
         {"gather", m.phase_seconds.gather},
-        {"host_launch", m.phase_seconds.host_launch}}},
+        {"host_launch", m.phase_seconds.host_launch},
+        {"replayed", m.phase_seconds.replayed}}},
       {"eval_seconds", m.eval_seconds},
       {"precision", precision_name(m.bf16_products)},
   };
@@ -53,6 +54,7 @@ void MetricsFile::write(const EpochMetrics& m) {
     out["fc1_exchange"] = m.fc1_factors ? "factors" : "gradients";
     out["bytes_sent_per_step"] = {{"conv1", (*bytes)[0]}, {"conv2", (*bytes)[1]}, {"fc1", (*bytes)[2]}, {"fc2", (*bytes)[3]}};
   }
+  if (m.graph_nodes) out["graph_nodes"] = *m.graph_nodes;
   if (m.time_to_target_s) {
     out["time_to_target_s"] = *m.time_to_target_s;
     out["target_eval_seconds"] = *m.target_eval_seconds;

@@ -132,6 +132,9 @@ class Run {
   TraceLog* trace() { return trace_ ? &*trace_ : nullptr; }
   // Whether the DDP workers exchange fc1's factors instead of its gradient (exchange.hpp).
   bool factors() const { return factors_; }
+  // Whether every step's phases are timed on the device (TrainConfig::phase_times, and
+  // a trace, which draws them).
+  bool phase_times() const { return config_.phase_times || config_.trace.has_value(); }
 
  private:
   // An epoch's steps, as the training loader makes them (drop_last), before max_steps.

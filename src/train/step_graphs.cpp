@@ -8,8 +8,8 @@
 
 namespace mnist_mt {
 
-StepGraphs::StepGraphs(Device& device, Communicator& comm)
-    : device_(device), comm_(comm), enabled_(device.can_record()) {}
+StepGraphs::StepGraphs(Device& device, Communicator& comm, bool phase_marks)
+    : device_(device), comm_(comm), enabled_(device.can_record()), phase_marks_(phase_marks) {}
 
 void StepGraphs::run(const Key& key, StepTimer& timer, const std::function<void()>& enqueue) {
   if (!enabled_) {
@@ -25,12 +25,14 @@ void StepGraphs::run(const Key& key, StepTimer& timer, const std::function<void(
   const std::size_t marked = timer.marks();  // before the step's work
   device_.begin_record();
   std::string why;
+  timer.pause(!phase_marks_);
   try {
     enqueue();
   } catch (const std::exception& e) {  // an Aborted peer reaches this rank again below
     why = e.what();
     if (why.empty()) why = "a call failed while the step was recorded";
   }
+  timer.pause(false);
   std::unique_ptr<RecordedStep> graph = device_.end_record(why);
   timer.drop_marks_after(marked);  // the recording's marks are never passed
 
@@ -54,7 +56,11 @@ void StepGraphs::run(const Key& key, StepTimer& timer, const std::function<void(
 
 void StepGraphs::replay(RecordedStep& graph, StepTimer& timer) {
   const std::size_t made = device_.replay(graph, marks_);
-  timer.replayed(std::span<const TimeMark>(marks_.data(), made));
+  if (made == 0) {
+    timer.replayed_whole();
+  } else {
+    timer.replayed(std::span<const TimeMark>(marks_.data(), made));
+  }
 }
 
 }  // namespace mnist_mt

@@ -8,7 +8,9 @@
 // update's step and the updates applied (the replica counts them), and the schedule's
 // learning rate and momentum (Replica::set_update_values). So a run records two steps, its first two, one per input buffer. Every rank
 // records, or none: whether a collective is captured must be the same on every rank of
-// an NCCL communicator.
+// an NCCL communicator. The step's time marks are recorded in it only when its phases are
+// wanted (TrainConfig::phase_times): otherwise a replay is one launch with no timing
+// events inside, no graph is patched between replays, and the step is timed whole.
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -35,7 +37,8 @@ class StepGraphs {
   };
 
   // Records only where `device` can (not on CPU devices, nor with --no-cuda-graphs).
-  StepGraphs(Device& device, Communicator& comm);
+  // `phase_marks`: the step's time marks are recorded into its graph.
+  StepGraphs(Device& device, Communicator& comm, bool phase_marks);
 
   // Runs one step: `enqueue` (its work after the input copy, marking `timer` as it goes)
   // enqueued as it is, or recorded under `key` the first time and replayed since. The
@@ -44,12 +47,17 @@ class StepGraphs {
   // allocates nothing for it.
   void run(const Key& key, StepTimer& timer, const std::function<void()>& enqueue);
 
+  // The nodes of the last recording (RecordedStep::nodes); 0 before one, and once steps
+  // run as they are enqueued.
+  std::size_t nodes() const { return graphs_.empty() ? 0 : graphs_.back().second->nodes(); }
+
  private:
   void replay(RecordedStep& graph, StepTimer& timer);
 
   Device& device_;
   Communicator& comm_;
   bool enabled_;
+  const bool phase_marks_;
   std::vector<std::pair<Key, std::unique_ptr<RecordedStep>>> graphs_;
   std::array<TimeMark, StepTimer::kMaxMarks> marks_{};
 };

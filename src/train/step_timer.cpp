@@ -21,12 +21,14 @@ void StepTimer::begin(std::uint64_t step, double data_begin, double data_end) {
 }
 
 void StepTimer::add(Lane lane) {
+  if (paused_) return;
   Step& s = open();
   if (s.count == kMaxMarks) throw RuntimeFailure("a step made more than " + std::to_string(kMaxMarks) + " time marks");
   s.marks[s.count++] = device_.mark(lane);
 }
 
 void StepTimer::begin_comm(CommKind what) {
+  if (paused_) return;
   Step& s = open();
   if (s.count < 2 || s.count % 2 != 0)
     throw RuntimeFailure("a comm span began at time mark " + std::to_string(s.count) + " of its step");
@@ -44,10 +46,24 @@ void StepTimer::replayed(std::span<const TimeMark> marks) {
   s.count += marks.size();
 }
 
+void StepTimer::replayed_whole() {
+  if (open().count != 1)
+    throw RuntimeFailure("a step timed whole made " + std::to_string(open().count) + " time marks before its end, not 1");
+  add(Lane::kCompute);
+}
+
 void StepTimer::harvest(PhaseSeconds& into) {
   while (!steps_.empty()) {
     const Step& s = steps_.front();
-    if (s.count < 5) throw RuntimeFailure("a timed step made " + std::to_string(s.count) + " time marks, not 5 or more");
+    if (s.count == 2) {  // timed whole (replayed_whole)
+      const std::optional<double> whole = device_.elapsed(s.marks[0], s.marks[1]);
+      if (!whole) return;
+      into.replayed += *whole;  // traced steps are timed by phase (Run: a trace implies phase_times)
+      steps_.pop_front();
+      continue;
+    }
+    if (s.count < 5)
+      throw RuntimeFailure("a timed step made " + std::to_string(s.count) + " time marks, not 2 or 5 or more");
     // The step's last mark: the compute stream passed the comm stream's marks before it.
     const std::optional<double> optimizer = device_.elapsed(s.from_end(1), s.from_end(0));
     if (!optimizer) return;

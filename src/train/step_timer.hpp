@@ -5,7 +5,10 @@
 // stream, its input included), backward, comm wait (the compute stream waiting for the
 // comm stream before the update: exposed communication) and optimizer; each bucket's
 // allreduce and, with --exchange factors, each allgather of fc1's factors on the comm
-// stream are traced too. A recorded step's replay gives the same marks (Device::replay).
+// stream are traced too. A recorded step's replay gives the same marks (Device::replay),
+// or, where the step was recorded with its marks left out (StepGraphs: without
+// TrainConfig::phase_times), a step is timed whole: from its begin mark to one made
+// after its replay, both outside the recording (PhaseSeconds::replayed).
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -42,6 +45,11 @@ class StepTimer {
   std::size_t marks() { return open().count; }
   void drop_marks_after(std::size_t count) { open().count = count; }
   void replayed(std::span<const TimeMark> marks);
+  // While paused, the step's marks and comm spans are not made: a recording made then
+  // holds no timing events. A step whose replay made no marks is ended by
+  // replayed_whole(), one mark after the replay.
+  void pause(bool paused) { paused_ = paused; }
+  void replayed_whole();
 
   // Adds the phases of every step the device has passed to `into`; the others wait for
   // a later call. Never blocks.
@@ -74,6 +82,7 @@ class StepTimer {
   const int rank_;
   TraceLog* trace_;
   std::deque<Step> steps_;  // enqueued, not yet harvested
+  bool paused_ = false;
 };
 
 }  // namespace mnist_mt
