@@ -316,6 +316,58 @@ TEST_F(Norm, SumOfSquares) {
   }
 }
 
+// guard_update: its sum of squares is sum_of_squares' bits, on every call (the count of
+// finished blocks carries over from call to call); its gate, update count, scalars and
+// stats are those of a guarded update: applied while the norm and the pending loss are
+// finite, dropped and recorded once when not, and every later step dropped after a halt.
+TEST_F(Norm, TheGuardAddsAsSumOfSquaresAndDecides) {
+  constexpr std::uint64_t kFirst = 40;
+  const std::size_t count = kParamCount;
+  const std::vector<float> x = uniform(count, -3, 3, 17);
+  std::vector<float> poisoned = x;
+  poisoned[count / 3] = std::nanf("");
+  const auto d_x = upload(x, stream()), d_poisoned = upload(poisoned, stream());
+  DeviceBuffer<double> scratch(kSquareScratch), reference(kSquareScratch), d_stats(kStatCount), d_values(2);
+  DeviceBuffer<unsigned> ticket(1);
+  DeviceBuffer<int> gate(1);
+  DeviceBuffer<unsigned long long> applied(1);
+  DeviceBuffer<UpdateScalars> d_scalars(1);
+  CUDA_CHECK(cudaMemsetAsync(d_stats.data(), 0, d_stats.bytes(), stream()));
+  CUDA_CHECK(cudaMemsetAsync(ticket.data(), 0, ticket.bytes(), stream()));
+  CUDA_CHECK(cudaMemsetAsync(applied.data(), 0, applied.bytes(), stream()));
+  const OptimizerOptions sgd{0.01f, 0.9f, 0.0f};
+  write_update_values(d_values.data(), 0.01, 0.9, stream());
+  sum_of_squares(d_x.data(), count, reference.data(), stream());
+  const double expected = download(reference, kSquareScratch, stream())[kSquareBlocks];
+  const auto guard = [&](const float* grads, bool halt) {
+    guard_update(grads, count, scratch.data(), ticket.data(), {d_stats.data(), kFirst, halt, gate.data()}, sgd,
+                 d_values.data(), applied.data(), d_scalars.data(), stream());
+  };
+  for (std::uint64_t k = 0; k < 3; ++k) {
+    SCOPED_TRACE(testing::Message() << "call " << k);
+    guard(d_x.data(), true);
+    const double total = download(scratch, kSquareScratch, stream())[kSquareBlocks];
+    EXPECT_EQ(std::memcmp(&total, &expected, sizeof total), 0) << total << " against " << expected;
+    EXPECT_EQ(download(gate, 1, stream())[0], 1);
+    EXPECT_EQ(download(applied, 1, stream())[0], k + 1);
+    const UpdateScalars got = download(d_scalars, 1, stream())[0], want = update_scalars(sgd, {0.01, 0.9}, k);
+    EXPECT_EQ(got.lr, want.lr);
+    EXPECT_EQ(got.momentum, want.momentum);
+    EXPECT_EQ(got.first, want.first);
+  }
+  guard(d_poisoned.data(), true);  // update 3: dropped, recorded, halts
+  guard(d_x.data(), true);         // update 4: dropped after the halt
+  const std::vector<double> stats = download(d_stats, kStatCount, stream());
+  EXPECT_EQ(download(gate, 1, stream())[0], 0);
+  EXPECT_EQ(download(applied, 1, stream())[0], 3u);
+  EXPECT_EQ(stats[kStatUpdates], 5);
+  EXPECT_EQ(stats[kStatSkipped], 2);
+  EXPECT_EQ(stats[kStatNonFinite], 1);
+  EXPECT_EQ(stats[kStatNonFiniteStep], static_cast<double>(kFirst + 3));
+  EXPECT_TRUE(std::isnan(stats[kStatNonFiniteNorm]));
+  EXPECT_EQ(stats[kStatHalted], 1);
+}
+
 // ---- cuDNN and cuBLAS ----
 
 // fp32 without TF32, but cuDNN may pick FFT or Winograd algorithms, whose rounding is

@@ -82,11 +82,6 @@ enum Stat : std::size_t {
   kStatNonFiniteNorm, kStatsReported, kStatPending = kStatsReported, kStatHalted = kStatPending + 3, kStatUpdates,
   kStatCount
 };
-// One thread: whether the step's update runs (*gate), from the gradients' sum of squares
-// and the pending loss (Replica::guarded_update); commits or drops the pending stats.
-// The update is step first_step + stats[kStatUpdates], which it advances.
-void decide_update(double* stats, const double* squares, std::uint64_t first_step, bool halt, int* gate,
-                   StreamHandle stream);
 // Adds the pending stats to the reported ones (before a snapshot).
 void commit_stats(double* stats, StreamHandle stream);
 
@@ -95,6 +90,24 @@ void commit_stats(double* stats, StreamHandle stream);
 inline constexpr unsigned kSquareBlocks = 128;
 inline constexpr std::size_t kSquareScratch = kSquareBlocks + 1;
 void sum_of_squares(const float* x, std::size_t count, double* scratch, StreamHandle stream);
+
+// A guarded update's decision (Replica::guarded_update): whether the update runs
+// (*gate), from the gradients' sum of squares and the pending loss; the pending stats
+// are committed or dropped. The update is step first_step + stats[kStatUpdates], which
+// advances.
+struct GuardArgs {
+  double* stats = nullptr;  // the replica's (Stat)
+  std::uint64_t first_step = 0;
+  bool halt = false;        // a non-finite step halts the replica (--on-nan stop)
+  int* gate = nullptr;
+};
+// One kernel before a guarded update: the sum of squares of grads[count] as
+// sum_of_squares() adds it (the same bits, left in scratch[kSquareBlocks]; `scratch`
+// holds kSquareScratch doubles), the decision, and begin_update()'s scalars under that
+// gate. `ticket`: one unsigned, zero when first used, kept for this buffer's later calls.
+void guard_update(const float* grads, std::size_t count, double* scratch, unsigned* ticket, const GuardArgs& guard,
+                  const OptimizerOptions& options, const double* values, unsigned long long* applied,
+                  UpdateScalars* scalars, StreamHandle stream);
 
 // The local group's reduction (Device::reduce): out[j][i] = in[0][i] + in[1][i] + ... in
 // that order, an average divided by `divisor` as the CPU backend divides, for every out.

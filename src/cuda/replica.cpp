@@ -60,6 +60,7 @@ class CudaReplica final : public Replica {
         da1_(std::size_t{max_batch} * kA1),
         stats_(device),
         squares_(kSquareScratch),
+        ticket_(1),
         gate_(1),
         values_(2),
         applied_(1),
@@ -209,12 +210,16 @@ class CudaReplica final : public Replica {
 
   // The communicators here keep no sum of squares: the replica sums the reduced
   // gradients on the device, and the device decides.
+  // Two kernels: the norm, the decision and the update's scalars (guard_update), then the
+  // gated update.
   void guarded_update(const OptimizerOptions& options, const UpdateGuard& guard) override {
     device_.activate();
-    sum_of_squares(grads_.data(), kParamCount, squares_.data(), stream());
-    decide_update(stats_.data(), squares_.data() + kSquareBlocks, guard.first_step, guard.halt, gate_.data(),
-                  stream());
-    apply(options, gate_.data());
+    if (!device_.recording()) set_update_values(options);
+    guard_update(grads_.data(), kParamCount, squares_.data(), ticket_.data(),
+                 {stats_.data(), guard.first_step, guard.halt, gate_.data()}, options, values_.data(),
+                 applied_.data(), scalars_.data(), stream());
+    optimizer_update(params_.data(), grads_.data(), first_.data(), second_.data(), kParamCount, scalars_.data(),
+                     stream(), gate_.data());
   }
 
   void set_update_values(const OptimizerOptions& options) override {
@@ -321,6 +326,7 @@ class CudaReplica final : public Replica {
       CUDA_CHECK(cudaMemsetAsync(b->data(), 0, b->bytes(), stream()));
     stats_.clear(stream(), true);
     CUDA_CHECK(cudaMemsetAsync(applied_.data(), 0, applied_.bytes(), stream()));
+    CUDA_CHECK(cudaMemsetAsync(ticket_.data(), 0, ticket_.bytes(), stream()));
   }
 
   // One training step on zeros (weights and input): lazily loaded kernels and cuDNN's
@@ -362,6 +368,7 @@ class CudaReplica final : public Replica {
   DeviceBuffer<float> dh_, dpooled_, da2_, da1_;
   StepStatsBook stats_;
   DeviceBuffer<double> squares_;  // sum_of_squares' partial sums and total
+  DeviceBuffer<unsigned> ticket_;  // guard_update's count of finished blocks
   DeviceBuffer<int> gate_;        // guarded_update's decision
   DeviceBuffer<double> values_;   // the next update's learning rate and momentum (write_update_values)
   std::optional<UpdateValues> written_;  // what values_ was last set to, in stream order

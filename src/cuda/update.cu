@@ -5,6 +5,7 @@
 
 #include "element_ops.hpp"
 #include "launch.cuh"
+#include "squares.cuh"
 
 namespace mnist_mt::cuda {
 
@@ -18,10 +19,15 @@ void write_update_values(double* values, double lr, double momentum, StreamHandl
   CHECK_LAUNCH();
 }
 
-static __global__ void begin_update_kernel(OptimizerOptions options, const double* values,
-                                           unsigned long long* applied, const int* gate, UpdateScalars* scalars) {
+static __device__ void begin_at(const OptimizerOptions& options, const double* values, unsigned long long* applied,
+                                const int* gate, UpdateScalars* scalars) {
   *scalars = update_scalars(options, UpdateValues{values[0], values[1]}, *applied);
   if (gate == nullptr || *gate != 0) *applied += 1;
+}
+
+static __global__ void begin_update_kernel(OptimizerOptions options, const double* values,
+                                           unsigned long long* applied, const int* gate, UpdateScalars* scalars) {
+  begin_at(options, values, applied, gate, scalars);
 }
 
 void begin_update(const OptimizerOptions& options, const double* values, unsigned long long* applied, const int* gate,
@@ -52,11 +58,10 @@ static __device__ void commit_pending(double* stats) {
   }
 }
 
-static __global__ void decide_kernel(double* stats, const double* squares, std::uint64_t first_step, bool halt,
-                                     int* gate) {
+static __device__ void decide_at(double* stats, double squares, std::uint64_t first_step, bool halt, int* gate) {
   const double step = static_cast<double>(first_step) + stats[kStatUpdates];
   stats[kStatUpdates] += 1;
-  const double norm = sqrt(*squares);
+  const double norm = sqrt(squares);
   const bool apply = stats[kStatHalted] == 0 && isfinite(norm) && isfinite(stats[kStatPending + 0]);
   *gate = apply ? 1 : 0;
   if (apply) {
@@ -75,9 +80,35 @@ static __global__ void decide_kernel(double* stats, const double* squares, std::
   if (halt) stats[kStatHalted] = 1;
 }
 
-void decide_update(double* stats, const double* squares, std::uint64_t first_step, bool halt, int* gate,
-                   StreamHandle stream) {
-  decide_kernel<<<1, 1, 0, stream>>>(stats, squares, first_step, halt, gate);
+// kSquareBlocks blocks: each adds its share of the squares, and the block that finishes
+// last (the finished blocks are counted in *ticket, which every kSquareBlocks-th arrival
+// leaves at a multiple of it, so it is never reset) adds the partial sums and decides.
+static __global__ void guard_update_kernel(const float* __restrict__ grads, std::size_t count, double* scratch,
+                                           unsigned* ticket, GuardArgs guard, OptimizerOptions options,
+                                           const double* values, unsigned long long* applied, UpdateScalars* scalars) {
+  __shared__ double shared[kBlock];
+  __shared__ bool last;
+  const double partial = block_partial_squares(grads, count, shared);
+  if (threadIdx.x == 0) {
+    scratch[blockIdx.x] = partial;
+    __threadfence();  // the partial is visible to every block before this block is counted
+    last = (atomicAdd(ticket, 1u) + 1) % gridDim.x == 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const double squares = total_of_partials(scratch, gridDim.x, shared);
+  if (threadIdx.x != 0) return;
+  scratch[gridDim.x] = squares;
+  decide_at(guard.stats, squares, guard.first_step, guard.halt, guard.gate);
+  begin_at(options, values, applied, guard.gate, scalars);
+}
+
+void guard_update(const float* grads, std::size_t count, double* scratch, unsigned* ticket, const GuardArgs& guard,
+                  const OptimizerOptions& options, const double* values, unsigned long long* applied,
+                  UpdateScalars* scalars, StreamHandle stream) {
+  guard_update_kernel<<<kSquareBlocks, kBlock, 0, stream>>>(grads, count, scratch, ticket, guard, options, values,
+                                                           applied, scalars);
   CHECK_LAUNCH();
 }
 
