@@ -388,8 +388,7 @@ void expect_close(const std::vector<float>& got, const Reference& ref, const cha
   EXPECT_GT(largest, 40 * kLibraryTolerance * floor) << what << ": values too small for the tolerance to tell";
 }
 
-constexpr ConvShape kConvs[] = {{1, int{kConv1Channels}, int{kImageSide}, 3},
-                                {int{kConv1Channels}, int{kConv2Channels}, int{kConv1Side}, 3}};
+constexpr ConvShape kConv2{int{kConv1Channels}, int{kConv2Channels}, int{kConv1Side}, 3};
 constexpr std::size_t kWorkspaceCap = std::size_t{512} << 20;
 
 // cuDNN's forward, backward filter and backward data of one convolution (conv.cpp) against
@@ -428,8 +427,51 @@ void expect_conv_matches_reference(cudaStream_t stream, const ConvShape& shape) 
   }
 }
 
-TEST_F(Conv1, ForwardAndBackward) { expect_conv_matches_reference(stream(), kConvs[0]); }
-TEST_F(Conv2, ForwardAndBackward) { expect_conv_matches_reference(stream(), kConvs[1]); }
+TEST_F(Conv2, ForwardAndBackward) { expect_conv_matches_reference(stream(), kConv2); }
+
+// conv1's own kernels (conv1.cu) bit for bit against element_ops.hpp's reference, which
+// test_cuda_reference checks against the CPU backend's conv1: forward with bias and ReLU
+// (a NaN input passes to its outputs), and the weight and bias gradients, twice at each
+// batch with one scratch and count of finished blocks, whose grid changes with the batch.
+TEST_F(Conv1, OwnKernelsMatchTheirReferenceBitwise) {
+  constexpr std::size_t kOut = std::size_t{kConv1Channels} * kConv1Side * kConv1Side;
+  DeviceBuffer<float> sums(std::size_t{kBatches[3]} * kConv1Channels * kConv1Sums);
+  DeviceBuffer<unsigned> ticket(1);
+  CUDA_CHECK(cudaMemsetAsync(ticket.data(), 0, ticket.bytes(), stream()));
+  const std::vector<float> w = uniform(kConv1Channels * 9, -0.5f, 0.5f, 21), b = uniform(kConv1Channels, -0.3f, 0.3f, 22);
+  const auto d_w = upload(w, stream()), d_b = upload(b, stream());
+  for (const std::uint32_t n : kBatches) {
+    SCOPED_TRACE(testing::Message() << "batch " << n);
+    std::vector<float> x = uniform(std::size_t{n} * kImageBytes, -1, 1, 23);
+    std::vector<float> x_nan = x;
+    sprinkle_nan(x_nan, 997, 1);
+    for (const std::vector<float>* input : {&x_nan, &x}) {
+      const auto d_x = upload(*input, stream());
+      const auto d_out = unwritten(n * kOut, stream());
+      conv1_forward(d_x.data(), d_w.data(), d_b.data(), n, d_out.data(), stream());
+      const auto out = download(d_out, n * kOut, stream());
+      for (std::size_t i = 0; i < out.size(); ++i)
+        ASSERT_TRUE(same(out[i], conv1_forward_at(input->data(), w.data(), b.data(), i))) << "output " << i;
+    }
+    std::vector<float> a1(n * kOut);
+    for (std::size_t i = 0; i < a1.size(); ++i) a1[i] = conv1_forward_at(x.data(), w.data(), b.data(), i);
+    const std::vector<float> d_out = uniform(a1.size(), -1, 1, 24);
+    std::vector<float> planes(std::size_t{n} * kConv1Channels * kConv1Sums), dw(w.size()), db(b.size());
+    for (std::size_t p = 0; p < std::size_t{n} * kConv1Channels; ++p)
+      conv1_plane_sums(x.data(), a1.data(), d_out.data(), p, planes.data() + p * kConv1Sums);
+    for (int j = 0; j < int{kConv1Channels} * kConv1Sums; ++j) conv1_grad_total_at(planes.data(), n, j, dw.data(), db.data());
+    const auto d_x = upload(x, stream()), d_a1 = upload(a1, stream()), d_dout = upload(d_out, stream());
+    for (int call = 0; call < 2; ++call) {
+      SCOPED_TRACE(testing::Message() << "call " << call);
+      const auto d_dw = unwritten(w.size(), stream()), d_db = unwritten(b.size(), stream());
+      conv1_backward(d_x.data(), d_a1.data(), d_dout.data(), n, sums.data(), ticket.data(), d_dw.data(), d_db.data(),
+                     stream());
+      EXPECT_EQ(download(d_dw, w.size(), stream()), dw);
+      EXPECT_EQ(download(d_db, b.size(), stream()), db);
+    }
+    EXPECT_EQ(download(d_dout, a1.size(), stream()), d_out) << "the output gradient is read only";
+  }
+}
 
 struct FcShape {
   int in;

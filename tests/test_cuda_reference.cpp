@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iostream>
 #include <limits>
 #include <random>
 #include <vector>
@@ -192,6 +193,81 @@ TEST_F(CudaReference, BiasGradMatchesCpuConv1) {
     masked += std::abs(unmasked - sum) > 4 * tolerance;
   }
   EXPECT_GE(masked, kC * 3 / 4);
+}
+
+// conv1's own CUDA kernels against the CPU backend's conv1, both from the same normalised
+// images. Forward: the bias, then the nine taps fused in row-major order on both sides:
+// bit for bit with the CPU's AVX2 and AVX-512 kernels, whose multiply-adds are fused too;
+// the portable kernel rounds each product apart, within 20 roundings of the sum of |terms|
+// (the count of bitwise equal outputs is printed). NaN inputs reach the same outputs. Backward: each image's plane sums in the GPU's tree
+// order (fp32) against the CPU's sequential ones, then both add the images in double:
+// within terms * 2^-24 * sum|term|.
+TEST_F(CudaReference, Conv1MatchesTheCpuConv1) {
+  constexpr int kC = kConv1Channels, kP = kConv1Side * kConv1Side;
+  std::vector<float> x = uniform(kRows * kImageSide * kImageSide, -1, 1, 31);
+  const std::vector<float> w = uniform(kC * 9, -0.5f, 0.5f, 32), b = uniform(kC, -0.3f, 0.3f, 33);
+  std::vector<float> x_nan = x;
+  sprinkle_nan(x_nan, 307, 50);
+  const cpu::Conv1Kernels conv1 = cpu::conv1_kernels(isa_);
+  std::vector<float> out_b(std::size_t{kRows} * kC * kP), a1(out_b.size());
+  conv1.forward(x_nan.data(), w.data(), b.data(), kRows, out_b.data());
+  std::size_t nan = 0;
+  for (std::size_t i = 0; i < a1.size(); ++i) {
+    const float got = cuda::conv1_forward_at(x_nan.data(), w.data(), b.data(), i);
+    ASSERT_EQ(std::isnan(got), std::isnan(out_b[blocked(i, kC, kConv1Side, block_)])) << "output " << i;
+    nan += std::isnan(got);
+  }
+  EXPECT_GT(nan, 0u);
+
+  conv1.forward(x.data(), w.data(), b.data(), kRows, out_b.data());
+  std::size_t equal = 0, positive = 0;
+  for (std::size_t i = 0; i < a1.size(); ++i) {
+    a1[i] = cuda::conv1_forward_at(x.data(), w.data(), b.data(), i);
+    const float cpu = out_b[blocked(i, kC, kConv1Side, block_)];
+    const std::size_t n = i / (kC * kP), c = i / kP % kC, at = i % kP;
+    double magnitude = std::abs(b[c]);
+    for (std::size_t t = 0; t < 9; ++t)
+      magnitude += std::abs(double{w[c * 9 + t]} *
+                            x[(n * kImageSide + at / kConv1Side + t / 3) * kImageSide + at % kConv1Side + t % 3]);
+    if (isa_ == cpu::Isa::kPortable) {
+      ASSERT_NEAR(a1[i], cpu, 20 * 0x1p-24 * magnitude) << "output " << i;
+    } else {
+      ASSERT_TRUE(same(a1[i], cpu)) << "output " << i << ": " << a1[i] << " vs " << cpu;
+    }
+    equal += same(a1[i], cpu);
+    positive += a1[i] > 0;
+  }
+  std::cout << "conv1 forward: " << equal << " of " << a1.size() << " outputs bitwise equal to the CPU's ("
+            << cpu::isa_name(isa_) << ")\n";
+  EXPECT_GT(positive, a1.size() / 4);
+  EXPECT_LT(positive, a1.size() * 3 / 4);
+
+  const std::vector<float> d_out = uniform(a1.size(), -1, 1, 34);
+  std::vector<float> d_out_b(d_out.size());
+  for (std::size_t i = 0; i < d_out.size(); ++i) d_out_b[blocked(i, kC, kConv1Side, block_)] = d_out[i];
+  std::vector<float> cpu_dw(w.size()), cpu_db(b.size());
+  conv1.backward_weights(x.data(), out_b.data(), d_out_b.data(), kRows, cpu_dw.data(), cpu_db.data());
+  std::vector<float> planes(std::size_t{kRows} * kC * cuda::kConv1Sums), dw(w.size()), db(b.size());
+  for (std::size_t p = 0; p < std::size_t{kRows} * kC; ++p)
+    cuda::conv1_plane_sums(x.data(), a1.data(), d_out.data(), p, planes.data() + p * cuda::kConv1Sums);
+  for (int j = 0; j < kC * cuda::kConv1Sums; ++j) cuda::conv1_grad_total_at(planes.data(), kRows, j, dw.data(), db.data());
+  const std::size_t terms = std::size_t{kRows} * kP;
+  for (int c = 0; c < kC; ++c)
+    for (int k = 0; k < cuda::kConv1Sums; ++k) {
+      double magnitude = 0;
+      for (std::size_t t = 0; t < terms; ++t) {
+        const std::size_t i = (t / kP * kC + c) * kP + t % kP, at = t % kP, n = t / kP;
+        const double d = a1[i] > 0 ? d_out[i] : 0.0;
+        const double in = k == cuda::kConv1Taps ? 1.0
+                                                : x[(n * kImageSide + at / kConv1Side + k / 3) * kImageSide +
+                                                    at % kConv1Side + k % 3];
+        magnitude += std::abs(d * in);
+      }
+      const float got = k == cuda::kConv1Taps ? db[c] : dw[c * 9 + k];
+      const float cpu = k == cuda::kConv1Taps ? cpu_db[c] : cpu_dw[c * 9 + k];
+      EXPECT_NEAR(got, cpu, static_cast<double>(terms) * 0x1p-24 * magnitude) << "channel " << c << " sum " << k;
+      EXPECT_GT(magnitude, 1.0) << "channel " << c << " sum " << k;
+    }
 }
 
 // Tolerance: the GPU's row math is fp32 (expf, logf, a 10-term sum), the CPU's fp64 rounded

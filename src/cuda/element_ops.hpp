@@ -83,6 +83,89 @@ MNIST_MT_HD void max_pool_dropout_backward_at(const float* in, const float* out,
   window[stride + 1] = best == 3 ? g : 0.0f;
 }
 
+// ---- conv1 (1 -> kConv1Channels, 3x3, valid), own kernels instead of cuDNN ----
+inline constexpr int kConv1Planes = static_cast<int>(kConv1Channels);
+inline constexpr int kConv1Positions = static_cast<int>(kConv1Side * kConv1Side);
+inline constexpr int kConv1Block = 256;  // conv1_backward's threads per plane
+inline constexpr int kWarp = 32;
+
+// Element i of conv1's output after its bias and ReLU, out[rows][32][26][26], from
+// x[rows][28][28] (normalised), weights [32][9] and bias: the bias, then the nine taps in
+// row-major order, each a fused multiply-add, as the CPU backend's kernel adds them.
+// NaN passes the ReLU.
+MNIST_MT_HD float conv1_forward_at(const float* x, const float* w, const float* b, std::size_t i) {
+  constexpr int side = static_cast<int>(kConv1Side), in = static_cast<int>(kImageSide);
+  const std::size_t plane = i / kConv1Positions;
+  const int at = static_cast<int>(i % kConv1Positions), c = static_cast<int>(plane % kConv1Planes);
+  const float* window = x + (plane / kConv1Planes) * (std::size_t(in) * in) + (at / side) * in + at % side;
+  const float* taps = w + c * kConv1Taps;
+  float acc = b[c];
+  for (int k = 0; k < kConv1Taps; ++k) acc = fmaf(window[(k / 3) * in + k % 3], taps[k], acc);
+  return acc < 0.0f ? 0.0f : acc;
+}
+
+// Thread t's share of plane p's (row p / 32, channel p % 32) gradient sums: positions t,
+// t + threads, ... in order, each term the output gradient where the forward output is
+// positive (ReLU's backward), times the tap's input (fused) for the nine weights, alone
+// for the bias. `out`, `d_out`: [rows][32][26][26].
+MNIST_MT_HD void conv1_grad_share(const float* x, const float* out, const float* d_out, std::size_t p, int t,
+                                  int threads, float sums[kConv1Sums]) {
+  constexpr int side = static_cast<int>(kConv1Side), in = static_cast<int>(kImageSide);
+  for (int k = 0; k < kConv1Sums; ++k) sums[k] = 0.0f;
+  const float* image = x + (p / kConv1Planes) * (std::size_t(in) * in);
+  for (int at = t; at < kConv1Positions; at += threads) {
+    const std::size_t i = p * kConv1Positions + at;
+    const float d = out[i] > 0.0f ? d_out[i] : 0.0f;
+    const float* window = image + (at / side) * in + at % side;
+    for (int k = 0; k < kConv1Taps; ++k) sums[k] = fmaf(window[(k / 3) * in + k % 3], d, sums[k]);
+    sums[kConv1Taps] += d;
+  }
+}
+
+// A value another block of the same launch wrote: past the L1 cache on the device.
+MNIST_MT_HD float load_from_peer(const float* p) {
+#ifdef __CUDA_ARCH__
+  return __ldcg(p);
+#else
+  return *p;
+#endif
+}
+
+// Gradient j of conv1 (j = channel * kConv1Sums + k: weight tap k < 9, or the bias at k =
+// 9) from every plane's sums (partial[rows][32][kConv1Sums]): added over the rows in
+// order in double, rounded once, as the CPU backend adds its images' sums.
+MNIST_MT_HD void conv1_grad_total_at(const float* partial, std::uint32_t rows, int j, float* dw, float* db) {
+  const int c = j / kConv1Sums, k = j % kConv1Sums;
+  double total = 0;
+  for (std::uint32_t n = 0; n < rows; ++n)
+    total += load_from_peer(partial + (std::size_t(n) * kConv1Planes + c) * kConv1Sums + k);
+  if (k < kConv1Taps) {
+    dw[c * kConv1Taps + k] = static_cast<float>(total);
+  } else {
+    db[c] = static_cast<float>(total);
+  }
+}
+
+// Host only, the kernel's reference: plane p's sums as conv1_backward's block of
+// kConv1Block threads adds them: each thread's share (conv1_grad_share), each warp's
+// shares by halving (lane l += lane l + h for h = 16, 8, 4, 2, 1), then the warps'
+// totals in warp order.
+inline void conv1_plane_sums(const float* x, const float* out, const float* d_out, std::size_t p,
+                             float sums[kConv1Sums]) {
+  static_assert(kConv1Block % kWarp == 0);
+  float share[kConv1Block][kConv1Sums];
+  for (int t = 0; t < kConv1Block; ++t) conv1_grad_share(x, out, d_out, p, t, kConv1Block, share[t]);
+  for (int k = 0; k < kConv1Sums; ++k) {
+    for (int w = 0; w < kConv1Block / kWarp; ++w) {
+      float lane[kWarp];
+      for (int l = 0; l < kWarp; ++l) lane[l] = share[w * kWarp + l][k];
+      for (int h = kWarp / 2; h > 0; h /= 2)
+        for (int l = 0; l < h; ++l) lane[l] += lane[l + h];
+      sums[k] = w == 0 ? lane[0] : sums[k] + lane[0];
+    }
+  }
+}
+
 // Term k (0 <= k < rows*spatial) of channel c's bias gradient; the kernel sums the terms
 // in a fixed order of its own (block_sum.cuh).
 MNIST_MT_HD float bias_grad_term(const float* dy, std::size_t k, int c, int channels, int spatial) {

@@ -32,6 +32,22 @@ struct DropoutArgs {
 void normalize_images(const std::uint8_t* images, float* out, std::size_t count, float mean, float std,
                       StreamHandle stream);
 
+// conv1's nine taps, and the sums conv1_backward keeps per plane: the nine weights' and
+// the bias's.
+inline constexpr int kConv1Taps = 9;
+inline constexpr int kConv1Sums = kConv1Taps + 1;
+
+// conv1 with its bias and ReLU: out[rows][32][26][26] from x[rows][28][28] (normalised),
+// w[32][9], b[32] (element_ops.hpp: conv1_forward_at).
+void conv1_forward(const float* x, const float* w, const float* b, std::uint32_t rows, float* out,
+                   StreamHandle stream);
+// conv1's weight and bias gradients (dw[32][9], db[32]) from its input x, its output `out`
+// (after the ReLU) and the gradient at that output d_out, ReLU's backward applied (d_out is
+// not written). `partial`: rows * 32 * 10 floats of scratch; `ticket`: one unsigned, zero
+// when first used, kept for this scratch's later calls. Deterministic.
+void conv1_backward(const float* x, const float* out, const float* d_out, std::uint32_t rows, float* partial,
+                    unsigned* ticket, float* dw, float* db, StreamHandle stream);
+
 // In place on y[rows][channels][spatial]: y = dropout(relu(y + bias[channel])).
 void bias_relu_dropout(float* y, const float* bias, std::uint32_t rows, int channels, int spatial,
                        const DropoutArgs& dropout, StreamHandle stream);

@@ -39,7 +39,6 @@ class CudaReplica final : public Replica {
         cudnn_(make_cudnn(device.compute())),
         cublas_workspace_(kCublasWorkspace),
         cublas_(make_cublas(device.compute(), cublas_workspace_, options.tf32)),
-        conv1_(kConv1Shape, options, false),
         conv2_(kConv2Shape, options, true),
         workspace_(std::max<std::size_t>(tune_convs(), 256)),
         params_(kParamCount),
@@ -58,6 +57,8 @@ class CudaReplica final : public Replica {
         dpooled_(std::size_t{max_batch} * kFc1In),
         da2_(std::size_t{max_batch} * kA2),
         da1_(std::size_t{max_batch} * kA1),
+        conv1_sums_(std::size_t{max_batch} * kC1 * kConv1Sums),
+        conv1_ticket_(1),
         stats_(device),
         squares_(kSquareScratch),
         ticket_(1),
@@ -161,8 +162,7 @@ class CudaReplica final : public Replica {
     }
     const Workspace ws = workspace();
 
-    conv1_.forward(cudnn_.get(), n, x_.data(), param(0), a1_.data(), ws);
-    bias_relu_dropout(a1_.data(), param(1), n, kC1, kP1, none, stream());
+    conv1_forward(x_.data(), param(0), param(1), static_cast<std::uint32_t>(n), a1_.data(), stream());
     conv2_.forward(cudnn_.get(), n, a1_.data(), param(2), a2_.data(), ws);
     bias_relu_dropout(a2_.data(), param(3), n, kC2, kP2, none, stream());
     max_pool_dropout_forward(a2_.data(), pooled_.data(), n, kC2, kPoolSideInt, drop1, stream());
@@ -196,10 +196,8 @@ class CudaReplica final : public Replica {
     bias_grad(da2_.data(), grad(3), n, kC2, kP2, stream());
     grads_ready(kConv2);
     conv2_.backward_data(cudnn_.get(), n, param(2), da2_.data(), da1_.data(), ws);
-    relu_dropout_backward(a1_.data(), da1_.data(), std::size_t(n) * kA1, 1.0f, stream());
-
-    conv1_.backward_filter(cudnn_.get(), n, x_.data(), da1_.data(), grad(0), ws);
-    bias_grad(da1_.data(), grad(1), n, kC1, kP1, stream());
+    conv1_backward(x_.data(), a1_.data(), da1_.data(), static_cast<std::uint32_t>(n), conv1_sums_.data(),
+                   conv1_ticket_.data(), grad(0), grad(1), stream());
     grads_ready(kConv1);
   }
 
@@ -298,7 +296,7 @@ class CudaReplica final : public Replica {
 
   std::size_t tune_convs() {
     const int n = static_cast<int>(max_batch_);
-    return std::max(conv1_.tune(cudnn_.get(), n, kConvWorkspaceCap), conv2_.tune(cudnn_.get(), n, kConvWorkspaceCap));
+    return conv2_.tune(cudnn_.get(), n, kConvWorkspaceCap);
   }
 
   // Synchronous copy ordered after the compute stream's work.
@@ -326,7 +324,8 @@ class CudaReplica final : public Replica {
       CUDA_CHECK(cudaMemsetAsync(b->data(), 0, b->bytes(), stream()));
     stats_.clear(stream(), true);
     CUDA_CHECK(cudaMemsetAsync(applied_.data(), 0, applied_.bytes(), stream()));
-    CUDA_CHECK(cudaMemsetAsync(ticket_.data(), 0, ticket_.bytes(), stream()));
+    for (const DeviceBuffer<unsigned>* t : {&ticket_, &conv1_ticket_})
+      CUDA_CHECK(cudaMemsetAsync(t->data(), 0, t->bytes(), stream()));
   }
 
   // One training step on zeros (weights and input): lazily loaded kernels and cuDNN's
@@ -358,14 +357,15 @@ class CudaReplica final : public Replica {
   CudnnOwner cudnn_;
   DeviceBuffer<std::uint8_t> cublas_workspace_;  // declared first: released after the handle
   CublasOwner cublas_;
-  Conv2d conv1_;
-  Conv2d conv2_;
-  DeviceBuffer<std::uint8_t> workspace_;  // cuDNN's, shared by both convolutions
+  Conv2d conv2_;  // conv1 runs on kernels of our own (conv1.cu)
+  DeviceBuffer<std::uint8_t> workspace_;  // cuDNN's
   DeviceBuffer<float> params_, grads_;
   DeviceBuffer<float> first_, second_;  // the optimizer's state (OptimizerState::first, second)
   // Activations and their gradients, for max_batch rows.
   DeviceBuffer<float> x_, a1_, a2_, pooled_, h_, z_, logprobs_, dlogits_;
   DeviceBuffer<float> dh_, dpooled_, da2_, da1_;
+  DeviceBuffer<float> conv1_sums_;         // conv1_backward's sums of each plane
+  DeviceBuffer<unsigned> conv1_ticket_;    // and its count of finished blocks
   StepStatsBook stats_;
   DeviceBuffer<double> squares_;  // sum_of_squares' partial sums and total
   DeviceBuffer<unsigned> ticket_;  // guard_update's count of finished blocks
