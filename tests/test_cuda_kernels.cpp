@@ -236,6 +236,81 @@ TEST_F(Loss, LogSoftmaxNll) {
   }
 }
 
+// fc2 with the loss and its gradients in one kernel: z bit for bit (fc2_product_at); the
+// loss, logprobs, dlogits and stats as log_softmax_nll's kernel makes them from that z
+// (the same bits: the same device code); the gradients bit for bit against
+// element_ops.hpp from the kernel's own dlogits (expf and logf differ between device and
+// host, so those are compared within log_softmax_nll's tolerance above). Without
+// gradients, none is written.
+TEST_F(Loss, Fc2LossAndItsGradients) {
+  constexpr std::size_t kIn = kHidden;
+  const std::vector<float> w = uniform(kClasses * kIn, -0.2f, 0.2f, 41), bias = uniform(kClasses, -0.1f, 0.1f, 42);
+  const auto d_w = upload(w, stream()), d_bias = upload(bias, stream());
+  for (const std::uint32_t n : {1u, 3u, 64u, 256u, 1000u}) {  // 1000: more rows than threads
+    for (const bool gradients : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "batch " << n << (gradients ? " with gradients" : " forward only"));
+      std::vector<float> h = uniform(std::size_t{n} * kIn, -1, 2, 43);
+      for (float& v : h) v = v < 0 ? 0.0f : v;  // after a ReLU: about a third are 0
+      std::vector<std::uint8_t> labels(n);
+      std::mt19937 rng(n);
+      for (auto& l : labels) l = static_cast<std::uint8_t>(rng() % kClasses);
+      const std::vector<double> stats0 = {1.5, 2.0, 7.0};
+      const auto d_h = upload(h, stream());
+      const auto d_labels = upload(labels, stream());
+      const auto d_stats = upload(stats0, stream()), d_stats_ref = upload(stats0, stream());
+      const std::size_t logits = std::size_t{n} * kClasses;
+      const auto d_z = unwritten(logits, stream()), d_lp = unwritten(logits, stream()), d_dl = unwritten(logits, stream());
+      const auto d_lp_ref = unwritten(logits, stream()), d_dl_ref = unwritten(logits, stream());
+      const auto d_dw = unwritten(w.size(), stream()), d_db = unwritten(kClasses, stream());
+      const auto d_dh = unwritten(h.size(), stream());
+      const float denominator = static_cast<float>(n), scale = 2.0f;
+      Fc2LossArgs a;
+      a.h = d_h.data();
+      a.w = d_w.data();
+      a.bias = d_bias.data();
+      a.labels = d_labels.data();
+      a.rows = n;
+      a.denominator = denominator;
+      a.z = d_z.data();
+      a.logprobs = d_lp.data();
+      a.dlogits = d_dl.data();
+      a.stats = d_stats.data();
+      if (gradients) {
+        a.dw = d_dw.data();
+        a.db = d_db.data();
+        a.dh = d_dh.data();
+        a.scale = scale;
+      }
+      fc2_loss(a, stream());
+      log_softmax_nll(d_z.data(), d_bias.data(), d_labels.data(), n, denominator, d_lp_ref.data(), d_dl_ref.data(),
+                      d_stats_ref.data(), stream());
+      const auto z = download(d_z, logits, stream()), dl = download(d_dl, logits, stream());
+      for (std::uint32_t r = 0; r < n; ++r)
+        for (int k = 0; k < kLogits; ++k)
+          ASSERT_TRUE(same(z[r * kClasses + k], fc2_product_at(h.data(), w.data(), r, k))) << "z " << r << " " << k;
+      EXPECT_EQ(download(d_lp, logits, stream()), download(d_lp_ref, logits, stream()));
+      EXPECT_EQ(dl, download(d_dl_ref, logits, stream()));
+      EXPECT_EQ(download(d_stats, 3, stream()), download(d_stats_ref, 3, stream()));
+      const auto dw = download(d_dw, w.size(), stream()), db = download(d_db, kClasses, stream());
+      const auto dh = download(d_dh, h.size(), stream());
+      if (!gradients) {
+        for (const float v : dw) ASSERT_TRUE(std::isnan(v)) << "a gradient was written";
+        for (const float v : dh) ASSERT_TRUE(std::isnan(v)) << "a gradient was written";
+        continue;
+      }
+      for (int j = 0; j < kLogits * int{kHidden}; ++j)
+        ASSERT_TRUE(same(dw[j], fc2_weight_grad_at(dl.data(), h.data(), n, j))) << "dw " << j;
+      for (int k = 0; k < kLogits; ++k) ASSERT_TRUE(same(db[k], fc2_bias_grad_at(dl.data(), n, k))) << "db " << k;
+      std::size_t passed = 0;
+      for (std::size_t i = 0; i < dh.size(); ++i) {
+        ASSERT_TRUE(same(dh[i], fc2_input_grad_at(dl.data(), w.data(), h.data(), i, scale))) << "dh " << i;
+        passed += dh[i] != 0;
+      }
+      EXPECT_GT(passed, dh.size() / 2);
+    }
+  }
+}
+
 // Bitwise (update_at's explicit roundings), over more elements than one grid covers, for
 // every optimizer; the scalars come from begin_update on the device, and a closed gate
 // leaves everything as it was.

@@ -270,6 +270,68 @@ TEST_F(CudaReference, Conv1MatchesTheCpuConv1) {
     }
 }
 
+// fc2's product and gradients as the fused kernel (fc2_loss) forms them, against their
+// definitions summed in float64: each an fp32 sum of fused terms in order, within
+// terms * 2^-24 * sum|term|. The gradient at fc1's output passes, scaled, only where fc1's
+// output is positive (relu_dropout_backward_at's rule).
+TEST_F(CudaReference, Fc2ProductAndGradientsMatchTheirDefinitions) {
+  constexpr std::uint32_t kBatch = 37;
+  constexpr int kIn = kHidden, kOut = kClasses;
+  std::vector<float> h = uniform(std::size_t{kBatch} * kIn, -1, 2, 51);
+  for (float& v : h) v = v < 0 ? 0.0f : v;
+  const std::vector<float> w = uniform(std::size_t{kOut} * kIn, -0.2f, 0.2f, 52);
+  const std::vector<float> dl = uniform(std::size_t{kBatch} * kOut, -0.1f, 0.1f, 53);
+  const auto within = [](float got, double value, double magnitude, double terms, const char* what, std::size_t at) {
+    EXPECT_NEAR(got, value, terms * 0x1p-24 * magnitude) << what << " " << at;
+  };
+  for (std::uint32_t r = 0; r < kBatch; ++r)
+    for (int k = 0; k < kOut; ++k) {
+      double value = 0, magnitude = 0;
+      for (int i = 0; i < kIn; ++i) {
+        const double t = double{h[r * kIn + i]} * w[k * kIn + i];
+        value += t;
+        magnitude += std::abs(t);
+      }
+      within(cuda::fc2_product_at(h.data(), w.data(), r, k), value, magnitude, kIn, "z", r * kOut + k);
+    }
+  for (int j = 0; j < kOut * kIn; ++j) {
+    double value = 0, magnitude = 0;
+    for (std::uint32_t r = 0; r < kBatch; ++r) {
+      const double t = double{dl[r * kOut + j / kIn]} * h[r * kIn + j % kIn];
+      value += t;
+      magnitude += std::abs(t);
+    }
+    within(cuda::fc2_weight_grad_at(dl.data(), h.data(), kBatch, j), value, magnitude, kBatch, "dw", j);
+  }
+  for (int k = 0; k < kOut; ++k) {
+    double value = 0, magnitude = 0;
+    for (std::uint32_t r = 0; r < kBatch; ++r) {
+      value += dl[r * kOut + k];
+      magnitude += std::abs(dl[r * kOut + k]);
+    }
+    within(cuda::fc2_bias_grad_at(dl.data(), kBatch, k), value, magnitude, kBatch, "db", k);
+  }
+  constexpr float kScale = 2.0f;
+  std::size_t passed = 0;
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    double value = 0, magnitude = 0;
+    for (int k = 0; k < kOut; ++k) {
+      const double t = double{dl[i / kIn * kOut + k]} * w[k * kIn + i % kIn];
+      value += t;
+      magnitude += std::abs(t);
+    }
+    const float got = cuda::fc2_input_grad_at(dl.data(), w.data(), h.data(), i, kScale);
+    if (h[i] > 0) {
+      within(got, kScale * value, kScale * magnitude, kOut, "dh", i);
+      ++passed;
+    } else {
+      ASSERT_EQ(got, 0.0f) << "dh " << i << " where fc1's output is 0";
+    }
+  }
+  EXPECT_GT(passed, h.size() / 2);
+  EXPECT_LT(passed, h.size() * 3 / 4);
+}
+
 // Tolerance: the GPU's row math is fp32 (expf, logf, a 10-term sum), the CPU's fp64 rounded
 // once; the difference stays below 1e-5 of max(1, |value|) (a few ulp of log_sum).
 TEST_F(CudaReference, LogSoftmaxNllMatchesTheCpu) {

@@ -202,6 +202,47 @@ MNIST_MT_HD RowLoss log_softmax_nll_at(const float* z, const float* bias, const 
   return row;
 }
 
+// ---- fc2 (128 -> 10) with the loss and its gradients in one kernel (fc2_loss) ----
+inline constexpr int kFc2In = static_cast<int>(kHidden);
+
+// fc2's product without its bias, z[r][k] = sum over i of h[r][i] w[k][i] (w: [10][128]),
+// the 128 terms fused in order.
+MNIST_MT_HD float fc2_product_at(const float* h, const float* w, std::uint32_t r, int k) {
+  const float* row = h + std::size_t(r) * kFc2In;
+  const float* weights = w + std::size_t(k) * kFc2In;
+  float acc = 0.0f;
+  for (int i = 0; i < kFc2In; ++i) acc = fmaf(row[i], weights[i], acc);
+  return acc;
+}
+
+// fc2's weight gradient j = k * 128 + i: dlogits[r][k] h[r][i] over the rows in order, fused.
+MNIST_MT_HD float fc2_weight_grad_at(const float* dlogits, const float* h, std::uint32_t rows, int j) {
+  const int k = j / kFc2In, i = j % kFc2In;
+  float acc = 0.0f;
+  for (std::uint32_t r = 0; r < rows; ++r)
+    acc = fmaf(dlogits[std::size_t(r) * kLogits + k], h[std::size_t(r) * kFc2In + i], acc);
+  return acc;
+}
+
+// fc2's bias gradient k: the rows' dlogits[r][k] added in order.
+MNIST_MT_HD float fc2_bias_grad_at(const float* dlogits, std::uint32_t rows, int k) {
+  float acc = 0.0f;
+  for (std::uint32_t r = 0; r < rows; ++r) acc += dlogits[std::size_t(r) * kLogits + k];
+  return acc;
+}
+
+// Element i = r * 128 + c of the gradient at fc1's output before its ReLU and dropout:
+// dlogits[r][k] w[k][c] over the ten classes, fused in order, then relu_dropout_backward's
+// rule: it passes, times `scale`, where the forward output h is positive.
+MNIST_MT_HD float fc2_input_grad_at(const float* dlogits, const float* w, const float* h, std::size_t i,
+                                    float scale) {
+  const std::size_t r = i / kFc2In;
+  const int c = static_cast<int>(i % kFc2In);
+  float acc = 0.0f;
+  for (int k = 0; k < kLogits; ++k) acc = fmaf(dlogits[r * kLogits + k], w[k * kFc2In + c], acc);
+  return h[i] > 0.0f ? acc * scale : 0.0f;
+}
+
 // The optimizer's update of element i (optimizer.hpp), by the optimizer of `s`.
 MNIST_MT_HD void update_at(float* params, const float* grads, float* first, float* second, std::size_t i,
                            const UpdateScalars& s) {

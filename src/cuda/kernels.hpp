@@ -74,6 +74,29 @@ void bias_grad(const float* dy, float* db, std::uint32_t rows, int channels, int
 void log_softmax_nll(const float* z, const float* bias, const std::uint8_t* labels, std::uint32_t rows,
                      float denominator, float* logprobs, float* dlogits, double* stats, StreamHandle stream);
 
+// fc2, the loss and their gradients in one kernel (one block, like log_softmax_nll): from
+// fc1's output h[rows][128] (after its ReLU and dropout), z = h w^T (w: [10][128]; z
+// without the bias, as logits() holds it), then log_softmax_nll's logprobs, dlogits and
+// stats; with `dw` given also fc2's weight and bias gradients (dw, db) and the gradient
+// at fc1's output before its ReLU and dropout (dh, with that backward's `scale`).
+struct Fc2LossArgs {
+  const float* h = nullptr;
+  const float* w = nullptr;
+  const float* bias = nullptr;
+  const std::uint8_t* labels = nullptr;
+  std::uint32_t rows = 0;
+  float denominator = 1.0f;
+  float* z = nullptr;
+  float* logprobs = nullptr;
+  float* dlogits = nullptr;
+  double* stats = nullptr;  // stats[0..2] += loss, correct, rows
+  float* dw = nullptr;      // null: the forward and the loss only
+  float* db = nullptr;
+  float* dh = nullptr;
+  float scale = 1.0f;
+};
+void fc2_loss(const Fc2LossArgs& args, StreamHandle stream);
+
 // The optimizer's update. Its learning rate and momentum (SGD) or beta1 (Adam) are read
 // from device memory, two doubles that write_update_values() sets before each update,
 // so that a recorded step (a CUDA graph) replays under a schedule's changing values.

@@ -27,6 +27,40 @@ static __global__ void log_softmax_nll_kernel(const float* __restrict__ z, const
   }
 }
 
+// Rows a thread: fc2's ten products, then the loss as log_softmax_nll_kernel adds it;
+// once every row's dlogits are written, the gradients, each a thread's sum in order.
+// The arguments are plain pointers: dlogits is written and then read by other threads.
+static __global__ void fc2_loss_kernel(Fc2LossArgs a) {
+  __shared__ double partial[kBlock];
+  double loss = 0.0, correct = 0.0;
+  for (std::uint32_t r = threadIdx.x; r < a.rows; r += kBlock) {
+    for (int k = 0; k < kLogits; ++k) a.z[std::size_t(r) * kLogits + k] = fc2_product_at(a.h, a.w, r, k);
+    const RowLoss row = log_softmax_nll_at(a.z, a.bias, a.labels, r, a.denominator, a.logprobs, a.dlogits);
+    loss += row.nll;
+    correct += row.correct ? 1.0 : 0.0;
+  }
+  loss = block_sum(loss, partial);
+  __syncthreads();  // partial is reused
+  correct = block_sum(correct, partial);
+  if (threadIdx.x == 0) {
+    a.stats[0] += loss;
+    a.stats[1] += correct;
+    a.stats[2] += a.rows;
+  }
+  if (a.dw == nullptr) return;
+  __syncthreads();  // every row's dlogits are written and visible to the block
+  for (int j = threadIdx.x; j < kLogits * kFc2In; j += kBlock) a.dw[j] = fc2_weight_grad_at(a.dlogits, a.h, a.rows, j);
+  for (int k = threadIdx.x; k < kLogits; k += kBlock) a.db[k] = fc2_bias_grad_at(a.dlogits, a.rows, k);
+  const std::size_t count = std::size_t(a.rows) * kFc2In;
+  for (std::size_t i = threadIdx.x; i < count; i += kBlock) a.dh[i] = fc2_input_grad_at(a.dlogits, a.w, a.h, i, a.scale);
+}
+
+void fc2_loss(const Fc2LossArgs& args, StreamHandle stream) {
+  if (args.rows == 0) return;
+  fc2_loss_kernel<<<1, kBlock, 0, stream>>>(args);
+  CHECK_LAUNCH();
+}
+
 void log_softmax_nll(const float* z, const float* bias, const std::uint8_t* labels, std::uint32_t rows,
                      float denominator, float* logprobs, float* dlogits, double* stats, StreamHandle stream) {
   if (rows == 0) return;

@@ -105,6 +105,7 @@ class CudaReplica final : public Replica {
                      stream());
     input_.release();
     input_rows_ = labelled_rows_ = batch_.size;
+    fc2_done_ = false;
   }
 
   void set_scattered_input(std::span<const std::uint32_t> samples) override {
@@ -112,6 +113,7 @@ class CudaReplica final : public Replica {
     batch_ = input_.upload_indices(samples);
     input_rows_ = batch_.size;
     labelled_rows_ = 0;
+    fc2_done_ = false;
   }
 
   void use_rows(std::uint32_t rows) override {
@@ -126,10 +128,35 @@ class CudaReplica final : public Replica {
   float* logits() override { return z_.data(); }
   float* logit_grads() override { return dlogits_.data(); }
 
+  // fc2, the loss and (training) fc2's backward with fc1's ReLU and dropout backward in
+  // one kernel (fc2_loss); backward() then starts at fc1.
   void forward(bool train, const DropoutKey& key, std::uint32_t loss_denominator) override {
     if (loss_denominator == 0) throw RuntimeFailure(device_.name() + ": forward() with a loss denominator of 0");
-    forward_logits(train, key);
-    loss(0, static_cast<std::uint32_t>(rows("forward")), loss_denominator);
+    forward_hidden(train, key);
+    const auto n = static_cast<std::uint32_t>(rows("forward"));
+    if (n > labelled_rows_)
+      throw RuntimeFailure(device_.name() + ": forward() of " + std::to_string(n) + " rows, the labelled input has " +
+                           std::to_string(labelled_rows_));
+    Fc2LossArgs a;
+    a.h = h_.data();
+    a.w = param(6);
+    a.bias = param(7);
+    a.labels = batch_.labels;
+    a.rows = n;
+    a.denominator = static_cast<float>(loss_denominator);
+    a.z = z_.data();
+    a.logprobs = logprobs_.data();
+    a.dlogits = dlogits_.data();
+    a.stats = stats_.data() + kStatPending;
+    if (train) {
+      a.dw = grad(6);
+      a.db = grad(7);
+      a.dh = dh_.data();
+      a.scale = fc1_scale_;
+    }
+    fc2_loss(a, stream());
+    input_.release();
+    fc2_done_ = train;
   }
 
   // fc2's bias is added by the loss (log_softmax_nll), on the device that computes it.
@@ -147,7 +174,14 @@ class CudaReplica final : public Replica {
   }
 
   void forward_logits(bool train, const DropoutKey& key) override {
+    forward_hidden(train, key);
+    linear_forward(cublas_.get(), h_.data(), param(6), z_.data(), rows("forward"), kFc1Out, kFc2Out);
+  }
+
+  // The forward pass up to fc1's output, after its ReLU and dropout (h_).
+  void forward_hidden(bool train, const DropoutKey& key) {
     device_.activate();
+    fc2_done_ = false;
     const int n = rows("forward");
     const DropoutArgs none;
     DropoutArgs drop1 = train ? dropout(batch_, key, RandomStream::kDropout0, kDropout1) : none;
@@ -168,7 +202,6 @@ class CudaReplica final : public Replica {
     max_pool_dropout_forward(a2_.data(), pooled_.data(), n, kC2, kPoolSideInt, drop1, stream());
     linear_forward(cublas_.get(), pooled_.data(), param(4), h_.data(), n, kFc1In, kFc1Out);
     bias_relu_dropout(h_.data(), param(5), n, kFc1Out, 1, drop2, stream());
-    linear_forward(cublas_.get(), h_.data(), param(6), z_.data(), n, kFc1Out, kFc2Out);
     input_.release();
     pool_scale_ = drop1.scale;
     fc1_scale_ = drop2.scale;
@@ -179,11 +212,16 @@ class CudaReplica final : public Replica {
     const int n = rows("backward");
     const Workspace ws = workspace();
 
-    linear_backward_weight(cublas_.get(), h_.data(), dlogits_.data(), grad(6), n, kFc1Out, kFc2Out);
-    bias_grad(dlogits_.data(), grad(7), n, kFc2Out, 1, stream());
+    if (!fc2_done_) {  // the logits' gradients came from a loss() or a collective (--mode dp)
+      linear_backward_weight(cublas_.get(), h_.data(), dlogits_.data(), grad(6), n, kFc1Out, kFc2Out);
+      bias_grad(dlogits_.data(), grad(7), n, kFc2Out, 1, stream());
+    }
     grads_ready(kFc2);
-    linear_backward_data(cublas_.get(), param(6), dlogits_.data(), dh_.data(), n, kFc1Out, kFc2Out);
-    relu_dropout_backward(h_.data(), dh_.data(), std::size_t(n) * kFc1Out, fc1_scale_, stream());
+    if (!fc2_done_) {
+      linear_backward_data(cublas_.get(), param(6), dlogits_.data(), dh_.data(), n, kFc1Out, kFc2Out);
+      relu_dropout_backward(h_.data(), dh_.data(), std::size_t(n) * kFc1Out, fc1_scale_, stream());
+    }
+    fc2_done_ = false;
 
     linear_backward_weight(cublas_.get(), pooled_.data(), dh_.data(), grad(4), n, kFc1In, kFc1Out);
     bias_grad(dh_.data(), grad(5), n, kFc1Out, 1, stream());
@@ -348,6 +386,9 @@ class CudaReplica final : public Replica {
     set_input(zeros);
     forward(true, {}, n);
     backward([](int) {});
+    forward_logits(true, {});  // and fc2 on its own, as --mode dp runs it
+    loss(0, n, n);
+    backward([](int) {});
     batch_ = {};
     input_rows_ = labelled_rows_ = 0;
   }
@@ -382,6 +423,9 @@ class CudaReplica final : public Replica {
   // Scales the last forward pass gave kept elements (1: no dropout), for backward().
   float pool_scale_ = 1.0f;
   float fc1_scale_ = 1.0f;
+  // The last forward() trained: fc2_loss wrote fc2's gradients and the gradient at fc1's
+  // output (before its ReLU and dropout), where backward() starts.
+  bool fc2_done_ = false;
 };
 
 }  // namespace
