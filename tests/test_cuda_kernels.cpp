@@ -239,7 +239,7 @@ TEST_F(Loss, LogSoftmaxNll) {
 // fc2 with the loss and its gradients in one kernel: z bit for bit (fc2_product_at); the
 // loss, logprobs, dlogits and stats as log_softmax_nll's kernel makes them from that z
 // (the same bits: the same device code); the gradients bit for bit against
-// element_ops.hpp from the kernel's own dlogits (expf and logf differ between device and
+// element_ops.hpp from the kernel's own dlogits and dh (expf and logf differ between device and
 // host, so those are compared within log_softmax_nll's tolerance above). Without
 // gradients, none is written.
 TEST_F(Loss, Fc2LossAndItsGradients) {
@@ -262,7 +262,7 @@ TEST_F(Loss, Fc2LossAndItsGradients) {
       const auto d_z = unwritten(logits, stream()), d_lp = unwritten(logits, stream()), d_dl = unwritten(logits, stream());
       const auto d_lp_ref = unwritten(logits, stream()), d_dl_ref = unwritten(logits, stream());
       const auto d_dw = unwritten(w.size(), stream()), d_db = unwritten(kClasses, stream());
-      const auto d_dh = unwritten(h.size(), stream());
+      const auto d_dh = unwritten(h.size(), stream()), d_dh_bias = unwritten(kIn, stream());
       const float denominator = static_cast<float>(n), scale = 2.0f;
       Fc2LossArgs a;
       a.h = d_h.data();
@@ -279,6 +279,7 @@ TEST_F(Loss, Fc2LossAndItsGradients) {
         a.dw = d_dw.data();
         a.db = d_db.data();
         a.dh = d_dh.data();
+        a.dh_bias = d_dh_bias.data();
         a.scale = scale;
       }
       fc2_loss(a, stream());
@@ -300,13 +301,16 @@ TEST_F(Loss, Fc2LossAndItsGradients) {
       }
       for (int j = 0; j < kLogits * int{kHidden}; ++j)
         ASSERT_TRUE(same(dw[j], fc2_weight_grad_at(dl.data(), h.data(), n, j))) << "dw " << j;
-      for (int k = 0; k < kLogits; ++k) ASSERT_TRUE(same(db[k], fc2_bias_grad_at(dl.data(), n, k))) << "db " << k;
+      for (int k = 0; k < kLogits; ++k) ASSERT_TRUE(same(db[k], column_sum_at(dl.data(), n, kLogits, k))) << "db " << k;
       std::size_t passed = 0;
       for (std::size_t i = 0; i < dh.size(); ++i) {
         ASSERT_TRUE(same(dh[i], fc2_input_grad_at(dl.data(), w.data(), h.data(), i, scale))) << "dh " << i;
         passed += dh[i] != 0;
       }
       EXPECT_GT(passed, dh.size() / 2);
+      const auto dh_bias = download(d_dh_bias, kIn, stream());
+      for (int c = 0; c < int{kHidden}; ++c)
+        ASSERT_TRUE(same(dh_bias[c], column_sum_at(dh.data(), n, int{kHidden}, c))) << "fc1's bias gradient " << c;
     }
   }
 }

@@ -273,7 +273,7 @@ TEST_F(CudaReference, Conv1MatchesTheCpuConv1) {
 // fc2's product and gradients as the fused kernel (fc2_loss) forms them, against their
 // definitions summed in float64: each an fp32 sum of fused terms in order, within
 // terms * 2^-24 * sum|term|. The gradient at fc1's output passes, scaled, only where fc1's
-// output is positive (relu_dropout_backward_at's rule).
+// output is positive (relu_dropout_backward_at's rule). The bias gradients are column sums.
 TEST_F(CudaReference, Fc2ProductAndGradientsMatchTheirDefinitions) {
   constexpr std::uint32_t kBatch = 37;
   constexpr int kIn = kHidden, kOut = kClasses;
@@ -309,7 +309,7 @@ TEST_F(CudaReference, Fc2ProductAndGradientsMatchTheirDefinitions) {
       value += dl[r * kOut + k];
       magnitude += std::abs(dl[r * kOut + k]);
     }
-    within(cuda::fc2_bias_grad_at(dl.data(), kBatch, k), value, magnitude, kBatch, "db", k);
+    within(cuda::column_sum_at(dl.data(), kBatch, kOut, k), value, magnitude, kBatch, "db", k);
   }
   constexpr float kScale = 2.0f;
   std::size_t passed = 0;
@@ -330,6 +330,15 @@ TEST_F(CudaReference, Fc2ProductAndGradientsMatchTheirDefinitions) {
   }
   EXPECT_GT(passed, h.size() / 2);
   EXPECT_LT(passed, h.size() * 3 / 4);
+  // fc1's bias gradient: the columns of the gradient at its output.
+  for (int c = 0; c < kIn; ++c) {
+    double value = 0, magnitude = 0;
+    for (std::uint32_t r = 0; r < kBatch; ++r) {
+      value += h[r * kIn + c];
+      magnitude += std::abs(h[r * kIn + c]);
+    }
+    within(cuda::column_sum_at(h.data(), kBatch, kIn, c), value, magnitude, kBatch, "column", c);
+  }
 }
 
 // Tolerance: the GPU's row math is fp32 (expf, logf, a 10-term sum), the CPU's fp64 rounded

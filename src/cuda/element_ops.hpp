@@ -224,10 +224,11 @@ MNIST_MT_HD float fc2_weight_grad_at(const float* dlogits, const float* h, std::
   return acc;
 }
 
-// fc2's bias gradient k: the rows' dlogits[r][k] added in order.
-MNIST_MT_HD float fc2_bias_grad_at(const float* dlogits, std::uint32_t rows, int k) {
+// Column k of m[rows][width] added over the rows in order: fc2's bias gradient from the
+// logits' gradients (width 10), fc1's from the gradient at its output (width 128).
+MNIST_MT_HD float column_sum_at(const float* m, std::uint32_t rows, int width, int k) {
   float acc = 0.0f;
-  for (std::uint32_t r = 0; r < rows; ++r) acc += dlogits[std::size_t(r) * kLogits + k];
+  for (std::uint32_t r = 0; r < rows; ++r) acc += m[std::size_t(r) * width + k];
   return acc;
 }
 

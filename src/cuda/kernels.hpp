@@ -77,8 +77,9 @@ void log_softmax_nll(const float* z, const float* bias, const std::uint8_t* labe
 // fc2, the loss and their gradients in one kernel (one block, like log_softmax_nll): from
 // fc1's output h[rows][128] (after its ReLU and dropout), z = h w^T (w: [10][128]; z
 // without the bias, as logits() holds it), then log_softmax_nll's logprobs, dlogits and
-// stats; with `dw` given also fc2's weight and bias gradients (dw, db) and the gradient
-// at fc1's output before its ReLU and dropout (dh, with that backward's `scale`).
+// stats; with `dw` given also fc2's weight and bias gradients (dw, db), the gradient at
+// fc1's output before its ReLU and dropout (dh, with that backward's `scale`) and fc1's
+// bias gradient from it (dh_bias).
 struct Fc2LossArgs {
   const float* h = nullptr;
   const float* w = nullptr;
@@ -93,6 +94,7 @@ struct Fc2LossArgs {
   float* dw = nullptr;      // null: the forward and the loss only
   float* db = nullptr;
   float* dh = nullptr;
+  float* dh_bias = nullptr;
   float scale = 1.0f;
 };
 void fc2_loss(const Fc2LossArgs& args, StreamHandle stream);

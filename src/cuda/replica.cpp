@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "conv.hpp"
@@ -152,6 +153,7 @@ class CudaReplica final : public Replica {
       a.dw = grad(6);
       a.db = grad(7);
       a.dh = dh_.data();
+      a.dh_bias = grad(5);
       a.scale = fc1_scale_;
     }
     fc2_loss(a, stream());
@@ -212,19 +214,21 @@ class CudaReplica final : public Replica {
     const int n = rows("backward");
     const Workspace ws = workspace();
 
-    if (!fc2_done_) {  // the logits' gradients came from a loss() or a collective (--mode dp)
+    // Without a training forward() before (--mode dp: the logits' gradients came from a
+    // loss() or a collective), fc2's backward and fc1's ReLU and dropout backward run here.
+    const bool fused = std::exchange(fc2_done_, false);
+    if (!fused) {
       linear_backward_weight(cublas_.get(), h_.data(), dlogits_.data(), grad(6), n, kFc1Out, kFc2Out);
       bias_grad(dlogits_.data(), grad(7), n, kFc2Out, 1, stream());
     }
     grads_ready(kFc2);
-    if (!fc2_done_) {
+    if (!fused) {
       linear_backward_data(cublas_.get(), param(6), dlogits_.data(), dh_.data(), n, kFc1Out, kFc2Out);
       relu_dropout_backward(h_.data(), dh_.data(), std::size_t(n) * kFc1Out, fc1_scale_, stream());
     }
-    fc2_done_ = false;
 
     linear_backward_weight(cublas_.get(), pooled_.data(), dh_.data(), grad(4), n, kFc1In, kFc1Out);
-    bias_grad(dh_.data(), grad(5), n, kFc1Out, 1, stream());
+    if (!fused) bias_grad(dh_.data(), grad(5), n, kFc1Out, 1, stream());
     grads_ready(kFc1);
     linear_backward_data(cublas_.get(), param(4), dh_.data(), dpooled_.data(), n, kFc1In, kFc1Out);
     max_pool_dropout_backward(a2_.data(), pooled_.data(), dpooled_.data(), da2_.data(), n, kC2, kPoolSideInt,
