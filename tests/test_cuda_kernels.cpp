@@ -143,33 +143,58 @@ TEST_F(Activation, BiasReluDropoutAndBackward) {
       }
 }
 
-TEST_F(Pool, MaxPoolDropoutForwardAndBackward) {
-  constexpr int kSide = kPoolSide, kC = kConv2Channels;
+// conv2's bias and ReLU (written back in place) with the max-pool and dropout, bit for bit
+// against element_ops.hpp; the backward's gradient and conv2's bias gradient too, the
+// latter twice at each batch with one scratch and count of finished blocks, whose grid
+// changes with the batch.
+TEST_F(Pool, BiasReluMaxPoolDropoutForwardAndBackward) {
+  constexpr int kSide = kPoolSide, kC = kConv2Channels, kP = 4 * kSide * kSide;
+  DeviceBuffer<float> sums(std::size_t{kBatches[3]} * kC);
+  DeviceBuffer<unsigned> ticket(1);
+  CUDA_CHECK(cudaMemsetAsync(ticket.data(), 0, ticket.bytes(), stream()));
+  const std::vector<float> bias = grid_values(kC, 6);
+  const auto d_bias = upload(bias, stream());
   for (const std::uint32_t n : kBatches)
     for (const float p : {0.0f, kDropout1}) {
       SCOPED_TRACE(testing::Message() << "batch " << n << " p " << p);
       make_samples(n);
-      const std::size_t in_count = std::size_t{n} * kC * 4 * kSide * kSide, count = in_count / 4;
-      std::vector<float> in = grid_values(in_count, 4);
-      for (float& v : in) v = std::max(v, 0.0f);  // a ReLU's output, as in the network
-      sprinkle_nan(in, 257, 9);
+      const std::size_t in_count = std::size_t{n} * kC * kP, count = in_count / 4;
+      std::vector<float> pre = grid_values(in_count, 4);
+      sprinkle_nan(pre, 257, 9);
       const std::vector<float> grad_out = uniform(count, -1, 1, 5);
-      const auto d_in = upload(in, stream()), d_grad_out = upload(grad_out, stream());
+      const auto d_a2 = upload(pre, stream()), d_grad_out = upload(grad_out, stream());
       const auto d_out = unwritten(count, stream()), d_grad_in = unwritten(in_count, stream());
       const DropoutArgs args = dropout(false, RandomStream::kDropout0, p);
-      max_pool_dropout_forward(d_in.data(), d_out.data(), n, kC, kSide, dropout(true, RandomStream::kDropout0, p),
-                               stream());
-      const auto out = download(d_out, count, stream());
+      bias_relu_max_pool_dropout(d_a2.data(), d_bias.data(), d_out.data(), n, kC, kSide,
+                                 dropout(true, RandomStream::kDropout0, p), stream());
+      const auto a2 = download(d_a2, in_count, stream()), out = download(d_out, count, stream());
+      std::vector<float> ref_a2 = pre;
       for (std::size_t i = 0; i < count; ++i)
-        ASSERT_TRUE(same(out[i], max_pool_dropout_forward_at(in.data(), i, kC * kSide * kSide, kSide, args)))
+        ASSERT_TRUE(same(out[i], bias_relu_max_pool_dropout_at(ref_a2.data(), bias.data(), i, kC, kSide, args)))
             << "at " << i;
-      max_pool_dropout_backward(d_in.data(), d_out.data(), d_grad_out.data(), d_grad_in.data(), n, kC, kSide,
-                                args.scale, stream());
-      const auto grad_in = download(d_grad_in, in_count, stream());
-      std::vector<float> expected(in_count);
-      for (std::size_t i = 0; i < count; ++i)
-        max_pool_dropout_backward_at(in.data(), out.data(), grad_out.data(), expected.data(), i, kSide, args.scale);
-      for (std::size_t i = 0; i < in_count; ++i) ASSERT_TRUE(same(grad_in[i], expected[i])) << "at " << i;
+      for (std::size_t i = 0; i < in_count; ++i) {
+        ASSERT_TRUE(same(a2[i], ref_a2[i])) << "a2 at " << i;
+        ASSERT_TRUE(same(a2[i], bias_relu_dropout_at(pre.data(), bias.data(), i, kC, kP, {}))) << "a2 at " << i;
+      }
+      std::vector<float> expected(in_count), planes(std::size_t{n} * kC), db(kC);
+      for (std::size_t plane = 0; plane < planes.size(); ++plane) {
+        float shares[kPoolBlock];
+        for (int t = 0; t < kPoolBlock; ++t)
+          shares[t] = pool_backward_share(a2.data(), out.data(), grad_out.data(), expected.data(), plane, kSide,
+                                          args.scale, t, kPoolBlock);
+        planes[plane] = block_tree_sum(shares, kPoolBlock);
+      }
+      for (int c = 0; c < kC; ++c) db[c] = rows_total_at(planes.data(), n, kC, 1, c, 0);
+      for (int call = 0; call < 2; ++call) {
+        SCOPED_TRACE(testing::Message() << "call " << call);
+        const auto d_db = unwritten(kC, stream());
+        max_pool_dropout_backward(d_a2.data(), d_out.data(), d_grad_out.data(), d_grad_in.data(), n, kC, kSide,
+                                  args.scale, sums.data(), ticket.data(), d_db.data(), stream());
+        const auto grad_in = download(d_grad_in, in_count, stream());
+        for (std::size_t i = 0; i < in_count; ++i) ASSERT_TRUE(same(grad_in[i], expected[i])) << "at " << i;
+        const auto got = download(d_db, kC, stream());
+        for (int c = 0; c < kC; ++c) ASSERT_TRUE(same(got[c], db[c])) << "bias gradient " << c;
+      }
     }
 }
 

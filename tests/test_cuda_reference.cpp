@@ -124,6 +124,12 @@ TEST_F(CudaReference, PoolDropoutMatchesCpuPool) {
   for (std::size_t i = 0; i < a2.size(); ++i) a2[i] = cuda::bias_relu_dropout_at(pre.data(), bias.data(), i, kC, kP, {});
   for (std::size_t i = 0; i < pooled.size(); ++i)
     pooled[i] = cuda::max_pool_dropout_forward_at(a2.data(), i, kFlat, kPoolSide, drop);
+  // The fused pass (bias and ReLU written back, then the pool) equals the two above.
+  std::vector<float> fused = pre;
+  for (std::size_t i = 0; i < pooled.size(); ++i)
+    ASSERT_TRUE(same(cuda::bias_relu_max_pool_dropout_at(fused.data(), bias.data(), i, kC, kPoolSide, drop), pooled[i]))
+        << "pooled " << i;
+  for (std::size_t i = 0; i < a2.size(); ++i) ASSERT_TRUE(same(fused[i], a2[i])) << "a2 " << i;
 
   std::vector<float> in(pre.size()), flat(pooled.size());
   for (std::size_t i = 0; i < pre.size(); ++i) in[blocked(i, kC, kConv2Side, block_)] = pre[i] + bias[i / kP % kC];
@@ -158,6 +164,34 @@ TEST_F(CudaReference, PoolDropoutMatchesCpuPool) {
   }
   EXPECT_GT(ties, pooled.size() / 20);
   EXPECT_GT(passed, pooled.size() / 4);
+
+  // conv2's bias gradient as the backward kernel adds it (each thread's windows' shares,
+  // block_tree_sum, then the rows in double) against the CPU's gradient map summed per
+  // channel in float64: within terms * 2^-24 * sum|term|.
+  std::vector<float> planes(std::size_t{kRows} * kC), scratch(pre.size());
+  for (std::size_t plane = 0; plane < planes.size(); ++plane) {
+    float shares[cuda::kPoolBlock];
+    for (int t = 0; t < cuda::kPoolBlock; ++t)
+      shares[t] = cuda::pool_backward_share(a2.data(), pooled.data(), d_out.data(), scratch.data(), plane, kPoolSide,
+                                            drop.scale, t, cuda::kPoolBlock);
+    planes[plane] = cuda::block_tree_sum(shares, cuda::kPoolBlock);
+  }
+  EXPECT_EQ(scratch, da2) << "the shares write the gradient map";
+  int nonzero = 0;
+  for (int c = 0; c < kC; ++c) {
+    double value = 0, magnitude = 0;
+    for (std::size_t n = 0; n < kRows; ++n)
+      for (int at = 0; at < kP; ++at) {
+        const float g = d_in[blocked((n * kC + c) * kP + at, kC, kConv2Side, block_)];
+        value += g;
+        magnitude += std::abs(g);
+      }
+    EXPECT_NEAR(cuda::rows_total_at(planes.data(), kRows, kC, 1, c, 0), value,
+                static_cast<double>(kRows) * kP * 0x1p-24 * magnitude)
+        << "channel " << c;
+    nonzero += magnitude > 0;
+  }
+  EXPECT_GT(nonzero, kC * 3 / 4);  // this grid's bias leaves a few channels all below 0
 }
 
 // The bias gradient's terms, summed here in fp64, against conv1's bias gradient on the

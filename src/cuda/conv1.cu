@@ -5,6 +5,7 @@
 // per plane (row, channel) adds its ten sums (nine taps and the bias, ReLU's backward
 // applied) in a fixed tree order, and the block that finishes last adds the planes' sums
 // over the rows in order in double: the same bits on every run.
+#include "block_sum.cuh"
 #include "element_ops.hpp"
 #include "launch.cuh"
 
@@ -28,7 +29,6 @@ static __global__ void __launch_bounds__(kConv1Block)
                           std::uint32_t rows, float* partial, unsigned* ticket, float* __restrict__ dw,
                           float* __restrict__ db) {
   __shared__ float warps[kConv1Block / kWarp][kConv1Sums];
-  __shared__ bool last;
   const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
   float sums[kConv1Sums];
   conv1_grad_share(x, out, d_out, blockIdx.x, static_cast<int>(threadIdx.x), kConv1Block, sums);
@@ -44,14 +44,7 @@ static __global__ void __launch_bounds__(kConv1Block)
     partial[std::size_t{blockIdx.x} * kConv1Sums + threadIdx.x] = total;
     __threadfence();  // visible to every block before this block is counted
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    if (last) *ticket = 0;  // every other block has counted itself: ready for the next call
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!last_block_done(ticket)) return;
   for (int j = static_cast<int>(threadIdx.x); j < kConv1Planes * kConv1Sums; j += kConv1Block)
     conv1_grad_total_at(partial, rows, j, dw, db);
 }

@@ -69,9 +69,27 @@ MNIST_MT_HD float max_pool_dropout_forward_at(const float* in, std::size_t i, in
   return apply_dropout(v, d, i / per_row, static_cast<std::uint32_t>(i % per_row));
 }
 
-// Writes the four elements of grad_in in pooled element i's window.
-MNIST_MT_HD void max_pool_dropout_backward_at(const float* in, const float* out, const float* grad_out,
-                                              float* grad_in, std::size_t i, int side, float scale) {
+// conv2's bias and ReLU on pooled element i's window of a2[rows][channels][2side][2side]
+// (in place, as bias_relu_dropout_at computes them without dropout: the backward reads
+// them), then max_pool_dropout_forward_at of that window.
+MNIST_MT_HD float bias_relu_max_pool_dropout_at(float* a2, const float* bias, std::size_t i, int channels, int side,
+                                                const DropoutArgs& d) {
+  const int stride = 2 * side;
+  float* window = a2 + window_offset(i, side);
+  const float b = bias[(i / (std::size_t(side) * side)) % channels];
+  const int offsets[4] = {0, 1, stride, stride + 1};
+  for (const int at : offsets) {
+    const float v = window[at] + b;
+    window[at] = v < 0.0f ? 0.0f : v;  // NaN passes
+  }
+  return max_pool_dropout_forward_at(a2, i, channels * side * side, side, d);
+}
+
+// Writes the four elements of grad_in in pooled element i's window, and returns the one
+// that is not 0 by position (the gradient its maximum gets): the window's share of conv2's
+// bias gradient.
+MNIST_MT_HD float max_pool_dropout_backward_at(const float* in, const float* out, const float* grad_out,
+                                               float* grad_in, std::size_t i, int side, float scale) {
   const int stride = 2 * side;
   const std::size_t at = window_offset(i, side);
   const int best = window_argmax(in + at, stride);
@@ -81,6 +99,7 @@ MNIST_MT_HD void max_pool_dropout_backward_at(const float* in, const float* out,
   window[1] = best == 1 ? g : 0.0f;
   window[stride] = best == 2 ? g : 0.0f;
   window[stride + 1] = best == 3 ? g : 0.0f;
+  return g;
 }
 
 // ---- conv1 (1 -> kConv1Channels, 3x3, valid), own kernels instead of cuDNN ----
@@ -122,6 +141,21 @@ MNIST_MT_HD void conv1_grad_share(const float* x, const float* out, const float*
   }
 }
 
+// Host only, the reference of block_tree_sum.cuh's order: `threads` (a multiple of 32)
+// values, one a thread, added within each warp by halving (lane l += lane l + h for h =
+// 16, 8, 4, 2, 1), then the warps' totals in warp order.
+inline float block_tree_sum(const float* shares, int threads) {
+  float total = 0.0f;
+  for (int w = 0; w < threads / kWarp; ++w) {
+    float lane[kWarp];
+    for (int l = 0; l < kWarp; ++l) lane[l] = shares[w * kWarp + l];
+    for (int h = kWarp / 2; h > 0; h /= 2)
+      for (int l = 0; l < h; ++l) lane[l] += lane[l + h];
+    total = w == 0 ? lane[0] : total + lane[0];
+  }
+  return total;
+}
+
 // A value another block of the same launch wrote: past the L1 cache on the device.
 MNIST_MT_HD float load_from_peer(const float* p) {
 #ifdef __CUDA_ARCH__
@@ -131,39 +165,54 @@ MNIST_MT_HD float load_from_peer(const float* p) {
 #endif
 }
 
-// Gradient j of conv1 (j = channel * kConv1Sums + k: weight tap k < 9, or the bias at k =
-// 9) from every plane's sums (partial[rows][32][kConv1Sums]): added over the rows in
+// Sum k of channel c over the rows: partial[rows][channels][sums] added over the rows in
 // order in double, rounded once, as the CPU backend adds its images' sums.
-MNIST_MT_HD void conv1_grad_total_at(const float* partial, std::uint32_t rows, int j, float* dw, float* db) {
-  const int c = j / kConv1Sums, k = j % kConv1Sums;
+MNIST_MT_HD float rows_total_at(const float* partial, std::uint32_t rows, int channels, int sums, int c, int k) {
   double total = 0;
   for (std::uint32_t n = 0; n < rows; ++n)
-    total += load_from_peer(partial + (std::size_t(n) * kConv1Planes + c) * kConv1Sums + k);
+    total += load_from_peer(partial + (std::size_t(n) * channels + c) * sums + k);
+  return static_cast<float>(total);
+}
+
+// Gradient j of conv1 (j = channel * kConv1Sums + k: weight tap k < 9, or the bias at k =
+// 9) from every plane's sums (partial[rows][32][kConv1Sums]).
+MNIST_MT_HD void conv1_grad_total_at(const float* partial, std::uint32_t rows, int j, float* dw, float* db) {
+  const int c = j / kConv1Sums, k = j % kConv1Sums;
+  const float total = rows_total_at(partial, rows, kConv1Planes, kConv1Sums, c, k);
   if (k < kConv1Taps) {
-    dw[c * kConv1Taps + k] = static_cast<float>(total);
+    dw[c * kConv1Taps + k] = total;
   } else {
-    db[c] = static_cast<float>(total);
+    db[c] = total;
   }
 }
 
 // Host only, the kernel's reference: plane p's sums as conv1_backward's block of
-// kConv1Block threads adds them: each thread's share (conv1_grad_share), each warp's
-// shares by halving (lane l += lane l + h for h = 16, 8, 4, 2, 1), then the warps'
-// totals in warp order.
+// kConv1Block threads adds them: each thread's share (conv1_grad_share), then
+// block_tree_sum's order.
 inline void conv1_plane_sums(const float* x, const float* out, const float* d_out, std::size_t p,
                              float sums[kConv1Sums]) {
   static_assert(kConv1Block % kWarp == 0);
   float share[kConv1Block][kConv1Sums];
   for (int t = 0; t < kConv1Block; ++t) conv1_grad_share(x, out, d_out, p, t, kConv1Block, share[t]);
   for (int k = 0; k < kConv1Sums; ++k) {
-    for (int w = 0; w < kConv1Block / kWarp; ++w) {
-      float lane[kWarp];
-      for (int l = 0; l < kWarp; ++l) lane[l] = share[w * kWarp + l][k];
-      for (int h = kWarp / 2; h > 0; h /= 2)
-        for (int l = 0; l < h; ++l) lane[l] += lane[l + h];
-      sums[k] = w == 0 ? lane[0] : sums[k] + lane[0];
-    }
+    float column[kConv1Block];
+    for (int t = 0; t < kConv1Block; ++t) column[t] = share[t][k];
+    sums[k] = block_tree_sum(column, kConv1Block);
   }
+}
+
+// ---- conv2's bias gradient inside max-pool's backward (max_pool_dropout_backward) ----
+inline constexpr int kPoolBlock = 128;  // threads per plane (row, channel) of 12x12 windows
+
+// Thread t's share of plane p's bias-gradient sum: the gradients its windows t, t +
+// threads, ... give their maxima (max_pool_dropout_backward_at, which writes them), in order.
+MNIST_MT_HD float pool_backward_share(const float* in, const float* out, const float* grad_out, float* grad_in,
+                                      std::size_t p, int side, float scale, int t, int threads) {
+  const int windows = side * side;
+  float share = 0.0f;
+  for (int w = t; w < windows; w += threads)
+    share += max_pool_dropout_backward_at(in, out, grad_out, grad_in, p * windows + w, side, scale);
+  return share;
 }
 
 // Term k (0 <= k < rows*spatial) of channel c's bias gradient; the kernel sums the terms

@@ -55,14 +55,19 @@ void bias_relu_dropout(float* y, const float* bias, std::uint32_t rows, int chan
 // pass; an element passes only if it was kept and positive.
 void relu_dropout_backward(const float* out, float* grad, std::size_t count, float scale, StreamHandle stream);
 
-// out[rows][channels][side][side] = dropout(max over 2x2 windows of in[rows][channels][2side][2side]).
-void max_pool_dropout_forward(const float* in, float* out, std::uint32_t rows, int channels, int side,
-                              const DropoutArgs& dropout, StreamHandle stream);
+// a2[rows][channels][2side][2side] = relu(a2 + bias[channel]) in place (conv2's bias and
+// ReLU), and out[rows][channels][side][side] = dropout(max over its 2x2 windows).
+void bias_relu_max_pool_dropout(float* a2, const float* bias, float* out, std::uint32_t rows, int channels, int side,
+                                const DropoutArgs& dropout, StreamHandle stream);
 // Writes every element of grad_in: each window's gradient goes to its first maximum, and
 // only where the forward output is positive (kept by dropout, and by the ReLU before
-// the pool). `in` and `out` are the forward pass's input and output.
+// the pool). `in` and `out` are the forward pass's a2 (after the ReLU) and output. Also
+// db[c], the sum of grad_in over rows and positions of channel c (conv2's bias
+// gradient), deterministic: `partial` holds rows * channels floats of scratch, `ticket`
+// one unsigned, zero when first used, kept for this scratch's later calls.
 void max_pool_dropout_backward(const float* in, const float* out, const float* grad_out, float* grad_in,
-                               std::uint32_t rows, int channels, int side, float scale, StreamHandle stream);
+                               std::uint32_t rows, int channels, int side, float scale, float* partial,
+                               unsigned* ticket, float* db, StreamHandle stream);
 
 // db[c] = sum over rows and spatial of dy[rows][channels][spatial], in a fixed order.
 void bias_grad(const float* dy, float* db, std::uint32_t rows, int channels, int spatial, StreamHandle stream);

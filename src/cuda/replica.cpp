@@ -60,6 +60,8 @@ class CudaReplica final : public Replica {
         da1_(std::size_t{max_batch} * kA1),
         conv1_sums_(std::size_t{max_batch} * kC1 * kConv1Sums),
         conv1_ticket_(1),
+        pool_sums_(std::size_t{max_batch} * kC2),
+        pool_ticket_(1),
         stats_(device),
         squares_(kSquareScratch),
         ticket_(1),
@@ -200,8 +202,7 @@ class CudaReplica final : public Replica {
 
     conv1_forward(x_.data(), param(0), param(1), static_cast<std::uint32_t>(n), a1_.data(), stream());
     conv2_.forward(cudnn_.get(), n, a1_.data(), param(2), a2_.data(), ws);
-    bias_relu_dropout(a2_.data(), param(3), n, kC2, kP2, none, stream());
-    max_pool_dropout_forward(a2_.data(), pooled_.data(), n, kC2, kPoolSideInt, drop1, stream());
+    bias_relu_max_pool_dropout(a2_.data(), param(3), pooled_.data(), n, kC2, kPoolSideInt, drop1, stream());
     linear_forward(cublas_.get(), pooled_.data(), param(4), h_.data(), n, kFc1In, kFc1Out);
     bias_relu_dropout(h_.data(), param(5), n, kFc1Out, 1, drop2, stream());
     input_.release();
@@ -232,10 +233,8 @@ class CudaReplica final : public Replica {
     grads_ready(kFc1);
     linear_backward_data(cublas_.get(), param(4), dh_.data(), dpooled_.data(), n, kFc1In, kFc1Out);
     max_pool_dropout_backward(a2_.data(), pooled_.data(), dpooled_.data(), da2_.data(), n, kC2, kPoolSideInt,
-                              pool_scale_, stream());
-
+                              pool_scale_, pool_sums_.data(), pool_ticket_.data(), grad(3), stream());
     conv2_.backward_filter(cudnn_.get(), n, a1_.data(), da2_.data(), grad(2), ws);
-    bias_grad(da2_.data(), grad(3), n, kC2, kP2, stream());
     grads_ready(kConv2);
     conv2_.backward_data(cudnn_.get(), n, param(2), da2_.data(), da1_.data(), ws);
     conv1_backward(x_.data(), a1_.data(), da1_.data(), static_cast<std::uint32_t>(n), conv1_sums_.data(),
@@ -366,7 +365,7 @@ class CudaReplica final : public Replica {
       CUDA_CHECK(cudaMemsetAsync(b->data(), 0, b->bytes(), stream()));
     stats_.clear(stream(), true);
     CUDA_CHECK(cudaMemsetAsync(applied_.data(), 0, applied_.bytes(), stream()));
-    for (const DeviceBuffer<unsigned>* t : {&ticket_, &conv1_ticket_})
+    for (const DeviceBuffer<unsigned>* t : {&ticket_, &conv1_ticket_, &pool_ticket_})
       CUDA_CHECK(cudaMemsetAsync(t->data(), 0, t->bytes(), stream()));
   }
 
@@ -411,6 +410,8 @@ class CudaReplica final : public Replica {
   DeviceBuffer<float> dh_, dpooled_, da2_, da1_;
   DeviceBuffer<float> conv1_sums_;         // conv1_backward's sums of each plane
   DeviceBuffer<unsigned> conv1_ticket_;    // and its count of finished blocks
+  DeviceBuffer<float> pool_sums_;          // max_pool_dropout_backward's bias sums of each plane
+  DeviceBuffer<unsigned> pool_ticket_;     // and its count of finished blocks
   StepStatsBook stats_;
   DeviceBuffer<double> squares_;  // sum_of_squares' partial sums and total
   DeviceBuffer<unsigned> ticket_;  // guard_update's count of finished blocks

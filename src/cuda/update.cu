@@ -81,22 +81,17 @@ static __device__ void decide_at(double* stats, double squares, std::uint64_t fi
 }
 
 // kSquareBlocks blocks: each adds its share of the squares, and the block that finishes
-// last (the finished blocks are counted in *ticket, which every kSquareBlocks-th arrival
-// leaves at a multiple of it, so it is never reset) adds the partial sums and decides.
+// last (last_block_done) adds the partial sums and decides.
 static __global__ void guard_update_kernel(const float* __restrict__ grads, std::size_t count, double* scratch,
                                            unsigned* ticket, GuardArgs guard, OptimizerOptions options,
                                            const double* values, unsigned long long* applied, UpdateScalars* scalars) {
   __shared__ double shared[kBlock];
-  __shared__ bool last;
   const double partial = block_partial_squares(grads, count, shared);
   if (threadIdx.x == 0) {
     scratch[blockIdx.x] = partial;
     __threadfence();  // the partial is visible to every block before this block is counted
-    last = (atomicAdd(ticket, 1u) + 1) % gridDim.x == 0;
   }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!last_block_done(ticket)) return;
   const double squares = total_of_partials(scratch, gridDim.x, shared);
   if (threadIdx.x != 0) return;
   scratch[gridDim.x] = squares;
