@@ -49,7 +49,8 @@ static __global__ void fc2_loss_kernel(Fc2LossArgs a) {
   }
   if (a.dw == nullptr) return;
   __syncthreads();  // every row's dlogits are written and visible to the block
-  for (int j = threadIdx.x; j < kLogits * kFc2In; j += kBlock) a.dw[j] = fc2_weight_grad_at(a.dlogits, a.h, a.rows, j);
+  for (int j = threadIdx.x; j < kLogits * kFc2In; j += kBlock)
+    a.dw[j] = fc2_weight_grad_at(a.dlogits, a.h, a.rows, j);
   for (int k = threadIdx.x; k < kLogits; k += kBlock) a.db[k] = column_sum_at(a.dlogits, a.rows, kLogits, k);
   const std::size_t count = std::size_t(a.rows) * kFc2In;
   for (std::size_t i = threadIdx.x; i < count; i += kBlock) a.dh[i] = fc2_input_grad_at(a.dlogits, a.w, a.h, i, a.scale);

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "activations.hpp"
 #include "conv.hpp"
 #include "errors.hpp"
 #include "geometry.hpp"
@@ -16,6 +17,7 @@
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/model.hpp"
 #include "step_stats.hpp"
+#include "update_state.hpp"
 
 namespace mnist_mt::cuda {
 namespace {
@@ -44,31 +46,8 @@ class CudaReplica final : public Replica {
         workspace_(std::max<std::size_t>(tune_convs(), 256)),
         params_(kParamCount),
         grads_(kParamCount),
-        first_(kParamCount),
-        second_(kParamCount),
-        x_(std::size_t{max_batch} * kImageBytes),
-        a1_(std::size_t{max_batch} * kA1),
-        a2_(std::size_t{max_batch} * kA2),
-        pooled_(std::size_t{max_batch} * kFc1In),
-        h_(std::size_t{max_batch} * kFc1Out),
-        z_(std::size_t{max_batch} * kFc2Out),
-        logprobs_(std::size_t{max_batch} * kFc2Out),
-        dlogits_(std::size_t{max_batch} * kFc2Out),
-        dh_(std::size_t{max_batch} * kFc1Out),
-        dpooled_(std::size_t{max_batch} * kFc1In),
-        da2_(std::size_t{max_batch} * kA2),
-        da1_(std::size_t{max_batch} * kA1),
-        conv1_sums_(std::size_t{max_batch} * kC1 * kConv1Sums),
-        conv1_ticket_(1),
-        pool_sums_(std::size_t{max_batch} * kC2),
-        pool_ticket_(1),
+        act_(max_batch),
         stats_(device),
-        squares_(kSquareScratch),
-        ticket_(1),
-        gate_(1),
-        values_(2),
-        applied_(1),
-        scalars_(1),
         input_(device, max_batch) {
     warm_up();
     zero_state();
@@ -104,7 +83,7 @@ class CudaReplica final : public Replica {
     device_.activate();
     batch_ = input_.upload(batch);
     input_epoch_ = batch.epoch;
-    normalize_images(batch_.images, x_.data(), std::size_t{batch_.size} * kImageBytes, kInputMean, kInputStd,
+    normalize_images(batch_.images, act_.x.data(), std::size_t{batch_.size} * kImageBytes, kInputMean, kInputStd,
                      stream());
     input_.release();
     input_rows_ = labelled_rows_ = batch_.size;
@@ -127,9 +106,9 @@ class CudaReplica final : public Replica {
   }
 
   int input_buffer() const override { return input_.slot(); }
-  float* input() override { return x_.data(); }
-  float* logits() override { return z_.data(); }
-  float* logit_grads() override { return dlogits_.data(); }
+  float* input() override { return act_.x.data(); }
+  float* logits() override { return act_.z.data(); }
+  float* logit_grads() override { return act_.dlogits.data(); }
 
   // fc2, the loss and (training) fc2's backward with fc1's ReLU and dropout backward in
   // one kernel (fc2_loss); backward() then starts at fc1.
@@ -141,20 +120,20 @@ class CudaReplica final : public Replica {
       throw RuntimeFailure(device_.name() + ": forward() of " + std::to_string(n) + " rows, the labelled input has " +
                            std::to_string(labelled_rows_));
     Fc2LossArgs a;
-    a.h = h_.data();
+    a.h = act_.h.data();
     a.w = param(6);
     a.bias = param(7);
     a.labels = batch_.labels;
     a.rows = n;
     a.denominator = static_cast<float>(loss_denominator);
-    a.z = z_.data();
-    a.logprobs = logprobs_.data();
-    a.dlogits = dlogits_.data();
+    a.z = act_.z.data();
+    a.logprobs = act_.logprobs.data();
+    a.dlogits = act_.dlogits.data();
     a.stats = stats_.data() + kStatPending;
     if (train) {
       a.dw = grad(6);
       a.db = grad(7);
-      a.dh = dh_.data();
+      a.dh = act_.dh.data();
       a.dh_bias = grad(5);
       a.scale = fc1_scale_;
     }
@@ -172,17 +151,17 @@ class CudaReplica final : public Replica {
                            std::to_string(first + rows) + ", the labelled input has " +
                            std::to_string(labelled_rows_));
     const std::size_t at = std::size_t{first} * kFc2Out;
-    log_softmax_nll(z_.data() + at, param(7), batch_.labels + first, rows, static_cast<float>(loss_denominator),
-                    logprobs_.data() + at, dlogits_.data() + at, stats_.data() + kStatPending, stream());
+    log_softmax_nll(act_.z.data() + at, param(7), batch_.labels + first, rows, static_cast<float>(loss_denominator),
+                    act_.logprobs.data() + at, act_.dlogits.data() + at, stats_.data() + kStatPending, stream());
     input_.release();
   }
 
   void forward_logits(bool train, const DropoutKey& key) override {
     forward_hidden(train, key);
-    linear_forward(cublas_.get(), h_.data(), param(6), z_.data(), rows("forward"), kFc1Out, kFc2Out);
+    linear_forward(cublas_.get(), act_.h.data(), param(6), act_.z.data(), rows("forward"), kFc1Out, kFc2Out);
   }
 
-  // The forward pass up to fc1's output, after its ReLU and dropout (h_).
+  // The forward pass up to fc1's output, after its ReLU and dropout (act_.h).
   void forward_hidden(bool train, const DropoutKey& key) {
     device_.activate();
     fc2_done_ = false;
@@ -200,11 +179,11 @@ class CudaReplica final : public Replica {
     }
     const Workspace ws = workspace();
 
-    conv1_forward(x_.data(), param(0), param(1), static_cast<std::uint32_t>(n), a1_.data(), stream());
-    conv2_.forward(cudnn_.get(), n, a1_.data(), param(2), a2_.data(), ws);
-    bias_relu_max_pool_dropout(a2_.data(), param(3), pooled_.data(), n, kC2, kPoolSideInt, drop1, stream());
-    linear_forward(cublas_.get(), pooled_.data(), param(4), h_.data(), n, kFc1In, kFc1Out);
-    bias_relu_dropout(h_.data(), param(5), n, kFc1Out, 1, drop2, stream());
+    conv1_forward(act_.x.data(), param(0), param(1), static_cast<std::uint32_t>(n), act_.a1.data(), stream());
+    conv2_.forward(cudnn_.get(), n, act_.a1.data(), param(2), act_.a2.data(), ws);
+    bias_relu_max_pool_dropout(act_.a2.data(), param(3), act_.pooled.data(), n, kC2, kPoolSideInt, drop1, stream());
+    linear_forward(cublas_.get(), act_.pooled.data(), param(4), act_.h.data(), n, kFc1In, kFc1Out);
+    bias_relu_dropout(act_.h.data(), param(5), n, kFc1Out, 1, drop2, stream());
     input_.release();
     pool_scale_ = drop1.scale;
     fc1_scale_ = drop2.scale;
@@ -219,54 +198,45 @@ class CudaReplica final : public Replica {
     // loss() or a collective), fc2's backward and fc1's ReLU and dropout backward run here.
     const bool fused = std::exchange(fc2_done_, false);
     if (!fused) {
-      linear_backward_weight(cublas_.get(), h_.data(), dlogits_.data(), grad(6), n, kFc1Out, kFc2Out);
-      bias_grad(dlogits_.data(), grad(7), n, kFc2Out, 1, stream());
+      linear_backward_weight(cublas_.get(), act_.h.data(), act_.dlogits.data(), grad(6), n, kFc1Out, kFc2Out);
+      bias_grad(act_.dlogits.data(), grad(7), n, kFc2Out, 1, stream());
     }
     grads_ready(kFc2);
     if (!fused) {
-      linear_backward_data(cublas_.get(), param(6), dlogits_.data(), dh_.data(), n, kFc1Out, kFc2Out);
-      relu_dropout_backward(h_.data(), dh_.data(), std::size_t(n) * kFc1Out, fc1_scale_, stream());
+      linear_backward_data(cublas_.get(), param(6), act_.dlogits.data(), act_.dh.data(), n, kFc1Out, kFc2Out);
+      relu_dropout_backward(act_.h.data(), act_.dh.data(), std::size_t(n) * kFc1Out, fc1_scale_, stream());
     }
 
-    linear_backward_weight(cublas_.get(), pooled_.data(), dh_.data(), grad(4), n, kFc1In, kFc1Out);
-    if (!fused) bias_grad(dh_.data(), grad(5), n, kFc1Out, 1, stream());
+    linear_backward_weight(cublas_.get(), act_.pooled.data(), act_.dh.data(), grad(4), n, kFc1In, kFc1Out);
+    if (!fused) bias_grad(act_.dh.data(), grad(5), n, kFc1Out, 1, stream());
     grads_ready(kFc1);
-    linear_backward_data(cublas_.get(), param(4), dh_.data(), dpooled_.data(), n, kFc1In, kFc1Out);
-    max_pool_dropout_backward(a2_.data(), pooled_.data(), dpooled_.data(), da2_.data(), n, kC2, kPoolSideInt,
-                              pool_scale_, pool_sums_.data(), pool_ticket_.data(), grad(3), stream());
-    conv2_.backward_filter(cudnn_.get(), n, a1_.data(), da2_.data(), grad(2), ws);
+    linear_backward_data(cublas_.get(), param(4), act_.dh.data(), act_.dpooled.data(), n, kFc1In, kFc1Out);
+    max_pool_dropout_backward(act_.a2.data(), act_.pooled.data(), act_.dpooled.data(), act_.da2.data(), n, kC2,
+                              kPoolSideInt, pool_scale_, act_.pool_sums.data(), act_.pool_ticket.data(), grad(3),
+                              stream());
+    conv2_.backward_filter(cudnn_.get(), n, act_.a1.data(), act_.da2.data(), grad(2), ws);
     grads_ready(kConv2);
-    conv2_.backward_data(cudnn_.get(), n, param(2), da2_.data(), da1_.data(), ws);
-    conv1_backward(x_.data(), a1_.data(), da1_.data(), static_cast<std::uint32_t>(n), conv1_sums_.data(),
-                   conv1_ticket_.data(), grad(0), grad(1), stream());
+    conv2_.backward_data(cudnn_.get(), n, param(2), act_.da2.data(), act_.da1.data(), ws);
+    conv1_backward(act_.x.data(), act_.a1.data(), act_.da1.data(), static_cast<std::uint32_t>(n),
+                   act_.conv1_sums.data(), act_.conv1_ticket.data(), grad(0), grad(1), stream());
     grads_ready(kConv1);
   }
 
   void update(const OptimizerOptions& options) override {
     device_.activate();
-    apply(options, nullptr);
+    update_.apply(params_.data(), grads_.data(), options, device_.recording(), stream());
   }
 
   // The communicators here keep no sum of squares: the replica sums the reduced
-  // gradients on the device, and the device decides.
-  // Two kernels: the norm, the decision and the update's scalars (guard_update), then the
-  // gated update.
+  // gradients on the device, and the device decides (UpdateState::apply_guarded).
   void guarded_update(const OptimizerOptions& options, const UpdateGuard& guard) override {
     device_.activate();
-    if (!device_.recording()) set_update_values(options);
-    guard_update(grads_.data(), kParamCount, squares_.data(), ticket_.data(),
-                 {stats_.data(), guard.first_step, guard.halt, gate_.data()}, options, values_.data(),
-                 applied_.data(), scalars_.data(), stream());
-    optimizer_update(params_.data(), grads_.data(), first_.data(), second_.data(), kParamCount, scalars_.data(),
-                     stream(), gate_.data());
+    update_.apply_guarded(params_.data(), grads_.data(), options, guard, stats_.data(), device_.recording(), stream());
   }
 
   void set_update_values(const OptimizerOptions& options) override {
     device_.activate();
-    const UpdateValues v = base_values(options);
-    if (written_ && written_->lr == v.lr && written_->momentum == v.momentum) return;
-    write_update_values(values_.data(), v.lr, v.momentum, stream());
-    written_ = v;
+    update_.set_values(options, stream());
   }
 
   float* params() override { return params_.data(); }
@@ -278,26 +248,26 @@ class CudaReplica final : public Replica {
     OptimizerState state;
     state.first.resize(kParamCount);
     state.second.resize(kParamCount);
-    download(state.first, first_, "read_state");
-    download(state.second, second_, "read_state");
+    download(state.first, update_.first(), "read_state");
+    download(state.second, update_.second(), "read_state");
     unsigned long long applied = 0;
-    copy_sync(&applied, applied_.data(), sizeof applied, cudaMemcpyDeviceToHost);
+    copy_sync(&applied, update_.applied(), sizeof applied, cudaMemcpyDeviceToHost);
     state.applied = applied;
     return state;
   }
   void write_state(const OptimizerState& state) override {
-    if (!state.first.empty()) upload(state.first, first_, "write_state");
-    if (!state.second.empty()) upload(state.second, second_, "write_state");
+    if (!state.first.empty()) upload(state.first, update_.first(), "write_state");
+    if (!state.second.empty()) upload(state.second, update_.second(), "write_state");
     const unsigned long long applied = state.applied;
-    copy_sync(applied_.data(), &applied, sizeof applied, cudaMemcpyHostToDevice);
+    copy_sync(update_.applied(), &applied, sizeof applied, cudaMemcpyHostToDevice);
   }
   void read_grads(std::span<float> out) override { download(out, grads_, "read_grads"); }
 
   double grad_norm() override {
     device_.activate();
-    sum_of_squares(grads_.data(), kParamCount, squares_.data(), stream());
+    update_.sum_squares(grads_.data(), stream());
     double sum = 0;
-    copy_sync(&sum, squares_.data() + kSquareBlocks, sizeof sum, cudaMemcpyDeviceToHost);
+    copy_sync(&sum, update_.total(), sizeof sum, cudaMemcpyDeviceToHost);
     device_.throw_if_aborted();
     return std::sqrt(sum);
   }
@@ -307,7 +277,7 @@ class CudaReplica final : public Replica {
     if (out.size() != count)
       throw RuntimeFailure(device_.name() + ": read_logprobs of " + std::to_string(out.size()) +
                            " floats, the last batch has " + std::to_string(count));
-    copy_sync(out.data(), logprobs_.data(), out.size_bytes(), cudaMemcpyDeviceToHost);
+    copy_sync(out.data(), act_.logprobs.data(), out.size_bytes(), cudaMemcpyDeviceToHost);
   }
 
   std::uint64_t snapshot_stats() override { return stats_.snapshot(stream()); }
@@ -316,16 +286,6 @@ class CudaReplica final : public Replica {
  private:
   cudaStream_t stream() const { return device_.compute(); }
 
-  // The update, gated or not. Its scalars are made on the device from the values there
-  // and the updates applied, so that a recorded step replays right: the values are
-  // written here (unless already there) when not recording; when recording,
-  // set_update_values() writes them before each replay.
-  void apply(const OptimizerOptions& options, const int* gate) {
-    if (!device_.recording()) set_update_values(options);
-    begin_update(options, values_.data(), applied_.data(), gate, scalars_.data(), stream());
-    optimizer_update(params_.data(), grads_.data(), first_.data(), second_.data(), kParamCount, scalars_.data(),
-                     stream(), gate);
-  }
   float* param(int index) { return params_.data() + kParams[static_cast<std::size_t>(index)].offset; }
   float* grad(int index) { return grads_.data() + kParams[static_cast<std::size_t>(index)].offset; }
   Workspace workspace() const { return {workspace_.data(), workspace_.bytes()}; }
@@ -361,12 +321,11 @@ class CudaReplica final : public Replica {
   }
 
   void zero_state() {
-    for (const DeviceBuffer<float>* b : {&params_, &grads_, &first_, &second_})
+    for (const DeviceBuffer<float>* b : {&params_, &grads_})
       CUDA_CHECK(cudaMemsetAsync(b->data(), 0, b->bytes(), stream()));
+    update_.zero(stream());
     stats_.clear(stream(), true);
-    CUDA_CHECK(cudaMemsetAsync(applied_.data(), 0, applied_.bytes(), stream()));
-    for (const DeviceBuffer<unsigned>* t : {&ticket_, &conv1_ticket_, &pool_ticket_})
-      CUDA_CHECK(cudaMemsetAsync(t->data(), 0, t->bytes(), stream()));
+    act_.zero_tickets(stream());
   }
 
   // One training step on zeros (weights and input): lazily loaded kernels and cuDNN's
@@ -404,22 +363,9 @@ class CudaReplica final : public Replica {
   Conv2d conv2_;  // conv1 runs on kernels of our own (conv1.cu)
   DeviceBuffer<std::uint8_t> workspace_;  // cuDNN's
   DeviceBuffer<float> params_, grads_;
-  DeviceBuffer<float> first_, second_;  // the optimizer's state (OptimizerState::first, second)
-  // Activations and their gradients, for max_batch rows.
-  DeviceBuffer<float> x_, a1_, a2_, pooled_, h_, z_, logprobs_, dlogits_;
-  DeviceBuffer<float> dh_, dpooled_, da2_, da1_;
-  DeviceBuffer<float> conv1_sums_;         // conv1_backward's sums of each plane
-  DeviceBuffer<unsigned> conv1_ticket_;    // and its count of finished blocks
-  DeviceBuffer<float> pool_sums_;          // max_pool_dropout_backward's bias sums of each plane
-  DeviceBuffer<unsigned> pool_ticket_;     // and its count of finished blocks
+  UpdateState update_;  // the optimizer's state, values and guard
+  Activations act_;  // activations, their gradients, the reducing kernels' scratch
   StepStatsBook stats_;
-  DeviceBuffer<double> squares_;  // sum_of_squares' partial sums and total
-  DeviceBuffer<unsigned> ticket_;  // guard_update's count of finished blocks
-  DeviceBuffer<int> gate_;        // guarded_update's decision
-  DeviceBuffer<double> values_;   // the next update's learning rate and momentum (write_update_values)
-  std::optional<UpdateValues> written_;  // what values_ was last set to, in stream order
-  DeviceBuffer<unsigned long long> applied_;  // updates applied
-  DeviceBuffer<UpdateScalars> scalars_;       // the update's, from begin_update
   InputStage input_;
   DeviceBatch batch_;  // size: the rows the next forward and backward use
   std::uint32_t input_rows_ = 0, labelled_rows_ = 0;  // of the last input; those with labels
