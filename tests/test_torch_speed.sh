@@ -43,7 +43,7 @@ grep -q '"status": "skipped: budget' "$work/late.json"
 # mnist_mt's figure; a failed row gives no number), PyTorch's as torch_speed.py does.
 cat >"$work/bench_step.json" <<'EOF'
 {"context": {"host_name": "fixture"}, "benchmarks": [
- {"name": "step/cuda/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 200.0},
+ {"name": "step/cuda/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 200.0, "graph_nodes": 21, "replayed_us": 150.25},
  {"name": "step/cuda/dp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda/dp/devices:1/batch:4/iterations:1/manual_time", "us/step": 999.0},
  {"name": "step/cuda_eager/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda_eager/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 250.0},
  {"name": "step/cuda/ddp/devices:2/batch:4/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:2/batch:4/iterations:1/manual_time", "us/step": 777.0},
@@ -66,6 +66,7 @@ expect '| 4 | tf32 | — | — | 280.0 | — | — | — | — | — | — | —
 expect '| 64 | fp32 | 500.0 | — | — | — | — | — | failed | — | skipped | — |'
 expect '- mnist_mt cuda batch 256: out of memory'
 expect '- torch compile batch 64 fp32: failed: RuntimeError: no compiler'
+expect "- mnist_mt's replayed step: batch 4 21 graph nodes, 150.2 µs on the device"
 [ "$(grep -c '^| 256 ' "$work/table.txt")" = 0 ]  # no figure from either side: no line
 
 # An input missing (bench_step failed on the GPU host): PyTorch's cells stay, the reason is said.

@@ -6,7 +6,9 @@ step replayed as a CUDA graph, and step/cuda_eager/..., enqueued call by call; c
 us/step) and torch_speed.py's JSON list. One line per batch and precision: fp32 is TF32
 off; bench_step has no TF32 rows (it runs the backend's default, TF32 off), so in the TF32
 lines mnist_mt's cells and the ratios stay empty. ratio = PyTorch / mnist_mt (graph, as
-mnist_mt runs by default): above 1, mnist_mt is faster. A PyTorch row that did not run
+mnist_mt runs by default): above 1, mnist_mt is faster. A note gives the nodes of
+mnist_mt's replayed step (bench_step's graph_nodes counter) and its device time
+(replayed_us) at each batch. A PyTorch row that did not run
 shows the first word of its status. A missing or unreadable input leaves its cells empty
 and says why.
 
@@ -32,8 +34,9 @@ def load(path, what, notes):
 
 
 def mnist_rows(report, notes):
-    """{(label, batch): us per step} from bench_step's rows that ran."""
-    out = {}
+    """{(label, batch): us per step} from bench_step's rows that ran, and
+    [(batch, graph nodes, device us per step)] of its replayed rows that report them."""
+    out, graphs = {}, []
     for b in (report or {}).get("benchmarks", []):
         m = MNIST_ROW.match(b.get("run_name", b.get("name", "")))
         if not m:
@@ -42,7 +45,9 @@ def mnist_rows(report, notes):
             notes.append(f"mnist_mt {m.group(1)} batch {m.group(2)}: {b.get('error_message', 'error')}")
         elif isinstance(b.get("us/step"), (int, float)):
             out[(m.group(1), int(m.group(2)))] = float(b["us/step"])
-    return out
+            if m.group(1) == "cuda" and isinstance(b.get("graph_nodes"), (int, float)):
+                graphs.append((int(m.group(2)), int(b["graph_nodes"]), b.get("replayed_us")))
+    return out, sorted(graphs)
 
 
 def cell(value):
@@ -60,7 +65,7 @@ def main():
     args = ap.parse_args()
 
     notes = []
-    mnist = mnist_rows(load(args.bench_step, "mnist_mt", notes), notes)
+    mnist, graphs = mnist_rows(load(args.bench_step, "mnist_mt", notes), notes)
     torch_rows = load(args.torch, "PyTorch", notes) or []
     by_key = {(r["mode"], r["batch"], bool(r["tf32"])): r for r in torch_rows}
     batches = sorted({b for _, b in mnist} | {r["batch"] for r in torch_rows})
@@ -90,6 +95,10 @@ def main():
             print("| " + " | ".join(cells) + " |")
     notes.append("mnist_mt: the trainer's whole step, its input copied from host memory by the loader; "
                  "PyTorch: the input already on the GPU")
+    if graphs:
+        notes.append("mnist_mt's replayed step: " + ", ".join(
+            f"batch {b} {n} graph nodes" + (f", {us:,.1f} µs on the device" if isinstance(us, (int, float)) else "")
+            for b, n, us in graphs))
     notes.append("mnist_mt has no TF32 row (bench_step runs TF32 off): the tf32 lines' mnist_mt cells and ratios are empty")
     if compile_times:
         notes.append("compile or capture, apart from the timing: " + ", ".join(compile_times))
