@@ -6,15 +6,19 @@
 // picks there. Needs a GPU (gpu_main.cpp).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <filesystem>
 #include <random>
 #include <vector>
 
 #include "conv_reference.hpp"
+#include "cuda/algo_cache.hpp"
 #include "cuda/conv.hpp"
 #include "cuda/element_ops.hpp"
 #include "cuda/errors.hpp"
@@ -532,6 +536,73 @@ void expect_conv_matches_reference(cudaStream_t stream, const ConvShape& shape) 
 }
 
 TEST_F(Conv2, ForwardAndBackward) { expect_conv_matches_reference(stream(), kConv2); }
+
+// A timed choice is kept in the algorithm cache and found again by a later convolution (a
+// later run): the cache file's choice for batch 64, rewritten to the implicit GEMM
+// algorithms (which need no workspace), is what the next tune() takes, and its results
+// still match the reference; a cached algorithm cuDNN does not know is timed again and
+// replaced. Deterministic convolutions neither read nor write the cache.
+TEST_F(Conv2, ATimedChoiceIsFoundAgainInTheAlgorithmCache) {
+  namespace fs = std::filesystem;
+  const fs::path file = fs::temp_directory_path() / ("mnist_mt_cudnn_cache_" + std::to_string(::getpid()) + ".txt");
+  fs::remove(file);
+  const CudnnOwner cudnn = make_cudnn(stream());
+  constexpr int kN = 64;
+  {
+    AlgoCache cache(file);
+    Conv2d conv(kConv2, BackendOptions{}, true, &cache);
+    conv.tune(cudnn.get(), kN, kWorkspaceCap);
+    ASSERT_TRUE(conv.choice(kN));
+  }
+  const auto rewrite = [&](const std::string& values) {
+    std::ifstream in(file);
+    std::string header, line;
+    std::getline(in, header);
+    std::getline(in, line);
+    ASSERT_NE(line.find("batch 64"), std::string::npos) << line;
+    std::ofstream(file) << header << "\n" << line.substr(0, line.find('\t')) << "\t" << values << "\n";
+  };
+  const std::string fma = std::to_string(static_cast<int>(CUDNN_FMA_MATH));
+  rewrite("0 " + fma + " 0 " + fma + " 0 " + fma);  // IMPLICIT_GEMM and the ALGO_0s, FMA math
+  {
+    AlgoCache cache(file);
+    Conv2d conv(kConv2, BackendOptions{}, true, &cache);
+    const std::size_t bytes = conv.tune(cudnn.get(), kN, kWorkspaceCap);
+    const int m = CUDNN_FMA_MATH;
+    EXPECT_EQ(conv.choice(kN), (ConvChoice{0, m, 0, m, 0, m}));
+    const std::vector<float> x = uniform(std::size_t{kN} * kConv1Channels * kConv1Side * kConv1Side, -1, 1, 12);
+    const std::vector<float> w = uniform(std::size_t{kConv2Channels} * kConv1Channels * 9, -0.5f, 0.5f, 13);
+    const auto ref = testing_reference::conv_reference({kN, kConv1Channels, kConv2Channels, kConv1Side, 3}, x, w, {});
+    const auto d_x = upload(x, stream()), d_w = upload(w, stream());
+    const auto d_y = unwritten(ref.y.value.size(), stream());
+    const DeviceBuffer<std::uint8_t> ws(std::max<std::size_t>(bytes, 256));
+    conv.forward(cudnn.get(), kN, d_x.data(), d_w.data(), d_y.data(), {ws.data(), ws.bytes()});
+    expect_close(download(d_y, ref.y.value.size(), stream()), ref.y, "forward, cached algorithm");
+  }
+  rewrite("99 " + fma + " 0 " + fma + " 0 " + fma);  // no such forward algorithm
+  {
+    AlgoCache cache(file);
+    Conv2d conv(kConv2, BackendOptions{}, true, &cache);
+    conv.tune(cudnn.get(), kN, kWorkspaceCap);
+    EXPECT_NE(conv.choice(kN)->forward, 99);
+    std::ifstream in(file);
+    std::string header, line;
+    std::getline(in, header);
+    std::getline(in, line);
+    EXPECT_EQ(line.find("\t99 "), std::string::npos) << "the unknown algorithm was replaced: " << line;
+  }
+  {
+    const auto before = fs::last_write_time(file);
+    AlgoCache cache(fs::temp_directory_path() / "mnist_mt_no_such_dir_for_cache" / "x.txt");
+    BackendOptions deterministic;
+    deterministic.deterministic = true;
+    Conv2d conv(kConv2, deterministic, true, &cache);
+    conv.tune(cudnn.get(), kN, kWorkspaceCap);
+    EXPECT_FALSE(fs::exists(fs::temp_directory_path() / "mnist_mt_no_such_dir_for_cache"));
+    EXPECT_EQ(fs::last_write_time(file), before);
+  }
+  fs::remove(file);
+}
 
 // conv1's own kernels (conv1.cu) bit for bit against element_ops.hpp's reference, which
 // test_cuda_reference checks against the CPU backend's conv1: forward with bias and ReLU

@@ -40,16 +40,39 @@ auto choose(cudnnHandle_t handle, const Selection& s, Count count, Search search
     std::size_t need = 0;
     if (!allowed(p, s) || workspace_of(p.algo, &need) != CUDNN_STATUS_SUCCESS || need > s.limit) continue;
     bytes = std::max(bytes, need);
-    return {p.algo, make_conv_desc(p.mathType)};
+    return {p.algo, static_cast<int>(p.mathType), make_conv_desc(p.mathType)};
   }
   throw RuntimeFailure(std::string("cuDNN offers no convolution ") + what + " algorithm" +
                        (s.deterministic ? " that is deterministic" : "") + (s.tf32 ? "" : " without TF32") +
                        " within " + std::to_string(s.limit) + " bytes of workspace");
 }
 
+// A cached algorithm, if cuDNN still offers it here within `limit` bytes: raises `bytes`.
+template <typename Algo, typename WorkspaceOf>
+std::optional<Conv2d::Choice<Algo>> cached(int algo, int math, WorkspaceOf workspace_of, std::size_t limit,
+                                           std::size_t& bytes) {
+  std::size_t need = 0;
+  if (algo < 0 || workspace_of(static_cast<Algo>(algo), &need) != CUDNN_STATUS_SUCCESS || need > limit)
+    return std::nullopt;
+  bytes = std::max(bytes, need);
+  return Conv2d::Choice<Algo>{static_cast<Algo>(algo), math, make_conv_desc(static_cast<cudnnMathType_t>(math))};
+}
+
+// What a timed choice depends on besides the convolution: the GPU, its compute
+// capability and the cuDNN and CUDA runtime versions.
+std::string device_key() {
+  int device = 0, runtime = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp p{};
+  CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  return std::string(p.name) + " sm" + std::to_string(p.major) + std::to_string(p.minor) + " cudnn " +
+         std::to_string(cudnnGetVersion()) + " cuda " + std::to_string(runtime);
+}
+
 }  // namespace
 
-Conv2d::Conv2d(const ConvShape& shape, const BackendOptions& options, bool data_grad)
+Conv2d::Conv2d(const ConvShape& shape, const BackendOptions& options, bool data_grad, AlgoCache* cache)
     : shape_(shape),
       deterministic_(options.deterministic),
       tf32_(options.tf32),
@@ -57,12 +80,21 @@ Conv2d::Conv2d(const ConvShape& shape, const BackendOptions& options, bool data_
       filter_(make_filter_desc(shape.out_channels, shape.in_channels, shape.kernel, shape.kernel)),
       // FMA math keeps fp32 convolutions off TF32 tensor cores, which cuDNN's default
       // math would use on Ampere and later.
-      conv_(make_conv_desc(options.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH)) {}
+      conv_(make_conv_desc(options.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH)),
+      cache_(options.deterministic ? nullptr : cache),
+      device_key_(cache_ != nullptr ? device_key() : std::string()) {}
 
-Conv2d::Plan Conv2d::make_plan(cudnnHandle_t handle, int n, Search search, std::size_t limit,
-                               std::size_t& bytes) const {
+std::string Conv2d::cache_key(int n) const {
+  return device_key_ + " | conv " + std::to_string(shape_.in_channels) + "x" + std::to_string(shape_.in_side) + "^2 -> " +
+         std::to_string(shape_.out_channels) + " k" + std::to_string(shape_.kernel) + (data_grad_ ? " dgrad" : "") +
+         " | batch " + std::to_string(n) + " | " + (tf32_ ? "tf32" : "fma");
+}
+
+Conv2d::Plan Conv2d::make_plan(cudnnHandle_t handle, int n, Search search, std::size_t limit) const {
   const Selection s{search == Search::kTimed, deterministic_, tf32_, limit};
+  std::size_t bytes = 0;
   Plan p{n,
+         0,
          make_tensor_desc(n, shape_.in_channels, shape_.in_side, shape_.in_side),
          make_tensor_desc(n, shape_.out_channels, shape_.out_side(), shape_.out_side()),
          {},
@@ -106,22 +138,88 @@ Conv2d::Plan Conv2d::make_plan(cudnnHandle_t handle, int n, Search search, std::
         },
         bytes, "backward-data");
   }
+  p.bytes = bytes;
+  return p;
+}
+
+std::optional<Conv2d::Plan> Conv2d::plan_of(cudnnHandle_t handle, int n, const ConvChoice& c,
+                                            std::size_t limit) const {
+  std::size_t bytes = 0;
+  Plan p{n,
+         0,
+         make_tensor_desc(n, shape_.in_channels, shape_.in_side, shape_.in_side),
+         make_tensor_desc(n, shape_.out_channels, shape_.out_side(), shape_.out_side()),
+         {},
+         {},
+         {}};
+  const cudnnTensorDescriptor_t x = p.x.get(), y = p.y.get();
+  const cudnnFilterDescriptor_t w = filter_.get();
+  const cudnnConvolutionDescriptor_t conv = conv_.get();
+  auto forward = cached<cudnnConvolutionFwdAlgo_t>(
+      c.forward, c.forward_math,
+      [&](cudnnConvolutionFwdAlgo_t algo, std::size_t* size) {
+        return cudnnGetConvolutionForwardWorkspaceSize(handle, x, w, conv, y, algo, size);
+      },
+      limit, bytes);
+  auto filter = cached<cudnnConvolutionBwdFilterAlgo_t>(
+      c.filter, c.filter_math,
+      [&](cudnnConvolutionBwdFilterAlgo_t algo, std::size_t* size) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, x, y, conv, w, algo, size);
+      },
+      limit, bytes);
+  if (!forward || !filter) return std::nullopt;
+  p.forward = std::move(*forward);
+  p.filter = std::move(*filter);
+  if (data_grad_) {
+    auto data = cached<cudnnConvolutionBwdDataAlgo_t>(
+        c.data, c.data_math,
+        [&](cudnnConvolutionBwdDataAlgo_t algo, std::size_t* size) {
+          return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, w, y, conv, x, algo, size);
+        },
+        limit, bytes);
+    if (!data) return std::nullopt;
+    p.data = std::move(*data);
+  }
+  p.bytes = bytes;
   return p;
 }
 
 std::size_t Conv2d::tune(cudnnHandle_t handle, int n, std::size_t cap) {
-  std::size_t bytes = 0;
+  for (const Plan& p : plans_)
+    if (p.n == n) return p.bytes;
   // Timings vary from run to run, and so would a timed choice: deterministic runs take
-  // cuDNN's heuristics, which choose the same algorithms every time.
-  plans_.push_back(make_plan(handle, n, deterministic_ ? Search::kHeuristic : Search::kTimed, cap, bytes));
-  return bytes;
+  // cuDNN's heuristics, which choose the same algorithms every time, and no cache.
+  if (deterministic_) {
+    plans_.push_back(make_plan(handle, n, Search::kHeuristic, cap));
+    return plans_.back().bytes;
+  }
+  const std::string key = cache_ != nullptr ? cache_key(n) : std::string();
+  if (cache_ != nullptr) {
+    if (const std::optional<ConvChoice> c = cache_->find(key)) {
+      if (std::optional<Plan> p = plan_of(handle, n, *c, cap)) {
+        plans_.push_back(std::move(*p));
+        return plans_.back().bytes;
+      }
+    }
+  }
+  plans_.push_back(make_plan(handle, n, Search::kTimed, cap));
+  const Plan& p = plans_.back();
+  if (cache_ != nullptr) cache_->store(key, *choice(n));
+  return p.bytes;
+}
+
+std::optional<ConvChoice> Conv2d::choice(int n) const {
+  for (const Plan& p : plans_)
+    if (p.n == n)
+      return ConvChoice{static_cast<int>(p.forward.algo), p.forward.math, static_cast<int>(p.filter.algo),
+                        p.filter.math, data_grad_ ? static_cast<int>(p.data.algo) : -1, p.data.math};
+  return std::nullopt;
 }
 
 const Conv2d::Plan& Conv2d::plan(cudnnHandle_t handle, int n, std::size_t limit) {
   for (const Plan& p : plans_)
     if (p.n == n) return p;
-  std::size_t bytes = 0;
-  plans_.push_back(make_plan(handle, n, Search::kHeuristic, limit, bytes));
+  plans_.push_back(make_plan(handle, n, Search::kHeuristic, limit));
   return plans_.back();
 }
 

@@ -1,12 +1,17 @@
 #pragma once
 // A 3x3 stride-1 unpadded convolution through cuDNN (NCHW, fp32): forward, backward
-// data, backward filter. Algorithms are chosen once per batch size: at setup for the
-// largest batch (timed by cuDNN, or by its heuristics when deterministic), by its
-// heuristics for any smaller batch met later (the last batch of an evaluation), always
-// within the workspace allocated at setup.
+// data, backward filter. Algorithms are chosen once per batch size the run prepares
+// (tune(): the largest at setup, then each other the replica is prepared for, such as an
+// evaluation's last batch): timed by cuDNN, or taken from the algorithm cache
+// (algo_cache.hpp) where an earlier run timed them on this GPU and library; by cuDNN's
+// heuristics when deterministic (a timed choice could differ from run to run) and for a
+// batch never prepared; always within the workspace allocated at setup.
 #include <cstddef>
+#include <optional>
+#include <string>
 #include <vector>
 
+#include "algo_cache.hpp"
 #include "mnist_mt/backend.hpp"
 #include "owners.hpp"
 
@@ -32,15 +37,21 @@ class Conv2d {
   template <typename Algo>
   struct Choice {
     Algo algo{};
+    int math = 0;  // the cudnnMathType_t it was chosen with
     ConvDescOwner conv;
   };
 
-  Conv2d(const ConvShape& shape, const BackendOptions& options, bool data_grad);
+  // Made on the GPU it runs on (the current device). `cache`: where timed choices are
+  // found and kept (null: none).
+  Conv2d(const ConvShape& shape, const BackendOptions& options, bool data_grad, AlgoCache* cache = nullptr);
 
-  // Chooses the algorithms for batch `n` among those allowed that fit in `cap` bytes:
-  // the fastest as timed by cuDNN (which allocates what it needs to try them), or its
-  // heuristics' first when deterministic. Returns the workspace bytes they need.
+  // Chooses the algorithms for batch `n` among those allowed that fit in `cap` bytes,
+  // unless chosen already: the cache's, else the fastest as timed by cuDNN (which
+  // allocates what it needs to try them), kept in the cache; or its heuristics' first
+  // when deterministic. Returns the workspace bytes they need.
   std::size_t tune(cudnnHandle_t handle, int n, std::size_t cap);
+  // The algorithms chosen for batch `n`, as the cache keeps them; nullopt before.
+  std::optional<ConvChoice> choice(int n) const;
 
   void forward(cudnnHandle_t handle, int n, const float* x, const float* w, float* y, const Workspace& ws);
   void backward_filter(cudnnHandle_t handle, int n, const float* x, const float* dy, float* dw,
@@ -51,6 +62,7 @@ class Conv2d {
  private:
   struct Plan {
     int n;
+    std::size_t bytes;  // workspace
     TensorDescOwner x;
     TensorDescOwner y;
     Choice<cudnnConvolutionFwdAlgo_t> forward;
@@ -59,8 +71,12 @@ class Conv2d {
   };
   enum class Search { kTimed, kHeuristic };
 
-  Plan make_plan(cudnnHandle_t handle, int n, Search search, std::size_t limit, std::size_t& bytes) const;
+  Plan make_plan(cudnnHandle_t handle, int n, Search search, std::size_t limit) const;
+  // The plan of a cached choice; nullopt where cuDNN refuses one of its algorithms here or
+  // it needs more than `limit` bytes.
+  std::optional<Plan> plan_of(cudnnHandle_t handle, int n, const ConvChoice& choice, std::size_t limit) const;
   const Plan& plan(cudnnHandle_t handle, int n, std::size_t limit);
+  std::string cache_key(int n) const;
 
   ConvShape shape_;
   bool deterministic_;
@@ -68,6 +84,8 @@ class Conv2d {
   bool data_grad_;
   FilterDescOwner filter_;
   ConvDescOwner conv_;  // searched with; each choice runs with its own (Choice::conv)
+  AlgoCache* cache_;
+  std::string device_key_;  // the GPU and the libraries, for cache keys
   std::vector<Plan> plans_;
 };
 

@@ -42,7 +42,7 @@ class CudaReplica final : public Replica {
         cudnn_(make_cudnn(device.compute())),
         cublas_workspace_(kCublasWorkspace),
         cublas_(make_cublas(device.compute(), cublas_workspace_, options.tf32)),
-        conv2_(kConv2Shape, options, true),
+        conv2_(kConv2Shape, options, true, &AlgoCache::shared()),
         workspace_(std::max<std::size_t>(tune_convs(), 256)),
         params_(kParamCount),
         grads_(kParamCount),
@@ -61,9 +61,10 @@ class CudaReplica final : public Replica {
 
   std::uint32_t max_batch() const override { return max_batch_; }
 
-  // A forward and backward pass at each new size, on zeros: cuDNN chooses and loads
-  // that size's algorithms now. The gradients they write are overwritten by the next
-  // backward; the statistics are cleared.
+  // At each new size, conv2's algorithms chosen (timed, or found in the cache, within
+  // the workspace taken at setup), then a forward and backward pass on zeros, which
+  // loads them now. The gradients they write are overwritten by the next backward; the
+  // statistics are cleared.
   void prepare(std::span<const std::uint32_t> sizes) override {
     device_.activate();
     for (const std::uint32_t n : sizes) {
@@ -71,6 +72,7 @@ class CudaReplica final : public Replica {
         throw RuntimeFailure(device_.name() + ": prepare for a batch of " + std::to_string(n) + ", replica holds 1.." +
                              std::to_string(max_batch_));
       if (std::find(prepared_.begin(), prepared_.end(), n) != prepared_.end()) continue;
+      conv2_.tune(cudnn_.get(), static_cast<int>(n), workspace_.bytes());
       pass_on_zeros(n);
       prepared_.push_back(n);
     }

@@ -1,0 +1,120 @@
+#include "algo_cache.hpp"
+
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <vector>
+
+#include "mnist_mt/error.hpp"
+#include "mnist_mt/file_io.hpp"
+
+namespace mnist_mt::cuda {
+namespace {
+
+constexpr const char* kHeader = "# mnist_mt cuDNN algorithm choices, format 1";
+constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 20;
+
+std::optional<std::filesystem::path> env_dir(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::filesystem::path(value);
+}
+
+// "KEY\tf fm b bm d dm" per line after the header; nullopt for anything else.
+std::optional<std::map<std::string, ConvChoice>> parse(const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  if (!std::getline(in, line) || line != kHeader) return std::nullopt;
+  std::map<std::string, ConvChoice> out;
+  while (std::getline(in, line)) {
+    const std::size_t tab = line.find('\t');
+    if (tab == 0 || tab == std::string::npos) return std::nullopt;
+    std::istringstream values(line.substr(tab + 1));
+    ConvChoice c;
+    if (!(values >> c.forward >> c.forward_math >> c.filter >> c.filter_math >> c.data >> c.data_math)) return std::nullopt;
+    std::string rest;
+    if (values >> rest) return std::nullopt;
+    out[line.substr(0, tab)] = c;
+  }
+  return out;
+}
+
+std::string format(const std::map<std::string, ConvChoice>& entries) {
+  std::ostringstream out;
+  out << kHeader << '\n';
+  for (const auto& [key, c] : entries)
+    out << key << '\t' << c.forward << ' ' << c.forward_math << ' ' << c.filter << ' ' << c.filter_math << ' '
+        << c.data << ' ' << c.data_math << '\n';
+  return out.str();
+}
+
+}  // namespace
+
+AlgoCache::AlgoCache(std::filesystem::path file) : file_(std::move(file)) {}
+
+std::filesystem::path AlgoCache::default_file() {
+  std::filesystem::path dir;
+  const char* own = std::getenv("MNIST_MT_CACHE_DIR");
+  if (own != nullptr && *own == '\0') return {};  // set and empty: no file
+  if (auto d = env_dir("MNIST_MT_CACHE_DIR")) dir = *d;
+  else if (auto x = env_dir("XDG_CACHE_HOME")) dir = *x / "mnist_mt";
+  else if (auto h = env_dir("HOME")) dir = *h / ".cache" / "mnist_mt";
+  else return {};
+  return dir / "cudnn-algorithms.txt";
+}
+
+AlgoCache& AlgoCache::shared() {
+  static AlgoCache cache(default_file());
+  return cache;
+}
+
+void AlgoCache::warn(const std::string& what) {
+  if (warned_) return;
+  warned_ = true;
+  std::cerr << "mnist_mt: warning: cuDNN algorithm cache " << what << "\n";
+}
+
+std::map<std::string, ConvChoice> AlgoCache::read_file() {
+  std::error_code ec;
+  if (file_.empty() || !std::filesystem::exists(file_, ec)) return {};
+  try {
+    const std::vector<std::uint8_t> bytes = read_file_bytes(file_, kMaxBytes);
+    if (auto entries = parse(std::string(bytes.begin(), bytes.end()))) return *entries;
+    warn(file_.string() + ": not a file of this version's choices: ignored (it is replaced at the next choice)");
+  } catch (const std::exception& e) {
+    warn(std::string(e.what()) + ": ignored");
+  }
+  return {};
+}
+
+std::optional<ConvChoice> AlgoCache::find(const std::string& key) {
+  std::lock_guard lock(mutex_);
+  if (!loaded_) {
+    entries_ = read_file();
+    loaded_ = true;
+  }
+  const auto at = entries_.find(key);
+  if (at == entries_.end()) return std::nullopt;
+  return at->second;
+}
+
+void AlgoCache::store(const std::string& key, const ConvChoice& choice) {
+  if (key.empty() || key.find_first_of("\t\n") != std::string::npos)
+    throw RuntimeFailure("a cuDNN algorithm cache key may not be empty nor hold a tab or newline: '" + key + "'");
+  std::lock_guard lock(mutex_);
+  loaded_ = true;
+  std::map<std::string, ConvChoice> merged = read_file();  // other processes' choices since
+  for (const auto& [k, c] : entries_) merged.emplace(k, c);
+  merged[key] = choice;
+  entries_ = merged;
+  if (file_.empty()) return;
+  try {
+    std::filesystem::create_directories(file_.parent_path());
+    const std::string text = format(entries_);
+    write_file_atomically(file_, std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
+  } catch (const std::exception& e) {
+    warn(std::string("not written: ") + e.what() + " (choices are kept for this run only)");
+  }
+}
+
+}  // namespace mnist_mt::cuda
