@@ -161,9 +161,12 @@ class CudaReplica final : public Replica {
   void forward_logits(bool train, const DropoutKey& key) override {
     forward_hidden(train, key);
     linear_forward(cublas_.get(), act_.h.data(), param(6), act_.z.data(), rows("forward"), kFc1Out, kFc2Out);
+    input_.release();
   }
 
-  // The forward pass up to fc1's output, after its ReLU and dropout (act_.h).
+  // The forward pass up to fc1's output, after its ReLU and dropout (act_.h). The input
+  // slot (its samples and epoch key the dropout) is released by the caller, after its last
+  // read: the labels.
   void forward_hidden(bool train, const DropoutKey& key) {
     device_.activate();
     fc2_done_ = false;
@@ -186,7 +189,6 @@ class CudaReplica final : public Replica {
     bias_relu_max_pool_dropout(act_.a2.data(), param(3), act_.pooled.data(), n, kC2, kPoolSideInt, drop1, stream());
     linear_forward(cublas_.get(), act_.pooled.data(), param(4), act_.h.data(), n, kFc1In, kFc1Out);
     bias_relu_dropout(act_.h.data(), param(5), n, kFc1Out, 1, drop2, stream());
-    input_.release();
     pool_scale_ = drop1.scale;
     fc1_scale_ = drop2.scale;
   }
