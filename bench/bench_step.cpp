@@ -133,11 +133,13 @@ void bench_step(benchmark::State& state, Backend& backend, Mode mode, int world,
   }
 }
 
-// `label`: the backend's name, and how it was made ("cuda_eager": --no-cuda-graphs).
-void register_steps(Backend& backend, int max_world, const std::string& label) {
+// `label`: the backend's name, and how it was made ("cuda_eager": --no-cuda-graphs;
+// "cuda_tf32": --tf32, one device and ddp only, beside PyTorch's TF32 rows).
+void register_steps(Backend& backend, int max_world, const std::string& label, bool ddp_only = false) {
   for (std::uint32_t batch : kBatches) {
     for (int world = 1; world <= max_world; ++world) {
       for (Mode mode : {Mode::kDdp, Mode::kDp}) {
+        if (ddp_only && mode != Mode::kDdp) continue;
         const std::string name = "step/" + label + "/" + (mode == Mode::kDdp ? "ddp" : "dp") +
                                  "/devices:" + std::to_string(world) + "/batch:" + std::to_string(batch);
         benchmark::RegisterBenchmark(name.c_str(), [&backend, mode, world, batch](benchmark::State& st) {
@@ -412,16 +414,19 @@ int main(int argc, char** argv) {
   register_precisions();
   register_steps(*cpu, cpu->device_count(), "cpu");
   register_exchanges(*cpu);
-  std::unique_ptr<Backend> cuda, cuda_eager;
+  std::unique_ptr<Backend> cuda, cuda_eager, cuda_tf32;
   if (cuda_built()) {
     try {
-      BackendOptions eager;
+      BackendOptions eager, tf32;
       eager.cuda_graphs = false;
+      tf32.tf32 = true;
       cuda = make_cuda_backend({});
       cuda_eager = make_cuda_backend(eager);
+      cuda_tf32 = make_cuda_backend(tf32);
       if (cuda->device_count() > 0) {
         register_steps(*cuda, cuda->device_count(), "cuda");
         register_steps(*cuda_eager, cuda->device_count(), "cuda_eager");
+        register_steps(*cuda_tf32, 1, "cuda_tf32", true);
       }
     } catch (const std::exception& e) {
       benchmark::AddCustomContext("cuda", std::string("not measured: ") + e.what());

@@ -17,6 +17,9 @@ using namespace cli_test;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
+const std::string kTf32OnGpus =
+    "--precision: tf32 runs on GPUs only (a tensor-core format; CPU devices have none); use fp32, or --gpus LIST";
+
 TEST(Cli, HelpListsTheFlagsButNotTheTestHook) {
   const Outcome o = run_cli({"--help"});
   EXPECT_EQ(o.exit_code, 0);
@@ -118,6 +121,10 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
       {{"--exchange", "factors", "--mode", "dp", "--cpu", "2"}, "--exchange",
        "--exchange: 'factors' cannot run here: --mode dp gathers the network's outputs instead; use gradients or auto"},
       {{"--precision", "bf16", "--gpus", "0"}, "--precision", "--precision: bf16 runs on CPU devices only; use --cpu N"},
+      {{"--precision", "tf32", "--cpu", "2"}, "--precision", kTf32OnGpus},
+      {{"--epochs", "1", "--precision", "tf32"}, "--precision", kTf32OnGpus},  // no GPU here: CPU devices
+      {{"--tf32", "--precision", "bf16", "--cpu", "1"}, "--tf32",
+       "--tf32: TF32 is a GPU format and --precision bf16 runs on CPU devices: give one of them"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = c.args;

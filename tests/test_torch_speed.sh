@@ -46,6 +46,7 @@ cat >"$work/bench_step.json" <<'EOF'
  {"name": "step/cuda/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 200.0, "graph_nodes": 21, "replayed_us": 150.25},
  {"name": "step/cuda/dp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda/dp/devices:1/batch:4/iterations:1/manual_time", "us/step": 999.0},
  {"name": "step/cuda_eager/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda_eager/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 250.0},
+ {"name": "step/cuda_tf32/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda_tf32/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 175.0},
  {"name": "step/cuda/ddp/devices:2/batch:4/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:2/batch:4/iterations:1/manual_time", "us/step": 777.0},
  {"name": "step/cuda/ddp/devices:1/batch:64/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:1/batch:64/iterations:1/manual_time", "us/step": 500.0},
  {"name": "step/cuda/ddp/devices:1/batch:256/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:1/batch:256/iterations:1/manual_time", "error_occurred": true, "error_message": "out of memory"}
@@ -62,7 +63,7 @@ EOF
   | tee "$work/table.txt"
 expect() { grep -qxF -- "$1" "$work/table.txt" || { echo "missing line: $1" >&2; exit 1; }; }
 expect '| 4 | fp32 | 200.0 | 250.0 | 300.0 | 1.50 | 100.0 | 0.50 | — | — | — | — |'
-expect '| 4 | tf32 | — | — | 280.0 | — | — | — | — | — | — | — |'
+expect '| 4 | tf32 | 175.0 | — | 280.0 | 1.60 | — | — | — | — | — | — |'
 expect '| 64 | fp32 | 500.0 | — | — | — | — | — | failed | — | skipped | — |'
 expect '- mnist_mt cuda batch 256: out of memory'
 expect '- torch compile batch 64 fp32: failed: RuntimeError: no compiler'

@@ -19,8 +19,9 @@ namespace mnist_mt {
 // bfloat16, accumulating and writing float32; weights, loss, reductions and the update
 // stay float32 (docs/cli.md).
 enum class Precision { kFp32, kBf16 };
-// The value of --precision, as --metrics, eval's JSON and the messages write it.
-constexpr const char* precision_name(bool bf16) { return bf16 ? "bf16" : "fp32"; }
+// The value of --precision, as --metrics, eval's JSON and the messages write it: tf32 is
+// fp32 with TF32 tensor cores allowed in cuDNN and cuBLAS (BackendOptions::tf32, GPUs).
+constexpr const char* precision_name(bool bf16, bool tf32 = false) { return bf16 ? "bf16" : tf32 ? "tf32" : "fp32"; }
 
 struct BackendOptions {
   Precision precision = Precision::kFp32;
@@ -58,6 +59,8 @@ class Backend {
   virtual bool exchanges_factors() const { return false; }
   // The number format of its replicas' products (BackendOptions::precision).
   virtual Precision precision() const { return Precision::kFp32; }
+  // Whether cuDNN and cuBLAS may use TF32 tensor cores (BackendOptions::tf32; GPUs only).
+  virtual bool tf32() const { return false; }
   // Bracket collectives for several ranks issued from one thread (ncclGroupStart/End).
   virtual void group_start() {}
   virtual void group_end() {}

@@ -169,6 +169,7 @@ struct EpochMetrics {
   bool fc1_factors = false;
   std::optional<std::array<double, 4>> bytes_sent_per_step;
   bool bf16_products = false;  // --precision bf16 (Backend::precision)
+  bool tf32 = false;           // --precision tf32 or --tf32 (Backend::tf32)
   // --mode ddp with recorded steps (GPUs): the nodes of world rank 0's recorded step (a
   // CUDA graph's kernels, copies, event records and waits), as a replay launches them.
   std::optional<std::uint64_t> graph_nodes;

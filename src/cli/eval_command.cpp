@@ -38,10 +38,10 @@ void print(const EvalResult& r, std::ostream& out) {
   }
 }
 
-nlohmann::ordered_json to_json(const EvalResult& r, const std::string& checkpoint, bool bf16) {
+nlohmann::ordered_json to_json(const EvalResult& r, const std::string& checkpoint, bool bf16, bool tf32) {
   nlohmann::ordered_json j;
   j["checkpoint"] = checkpoint;
-  j["precision"] = precision_name(bf16);
+  j["precision"] = precision_name(bf16, tf32);
   j["samples"] = r.samples;
   j["test_loss"] = r.loss;
   j["test_accuracy"] = r.accuracy;
@@ -79,7 +79,7 @@ int run_eval(const EvalFlags& f) {
                                             [&] { return evaluate(*devices.backend, data, config); });
   print(result, std::cout);
   if (f.json) {
-    const std::string text = to_json(result, f.load, bf16).dump() + "\n";
+    const std::string text = to_json(result, f.load, bf16, devices.backend->tf32()).dump() + "\n";
     try {
       write_file_atomically(*f.json, {reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
     } catch (const InputError& e) {

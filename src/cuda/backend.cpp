@@ -19,6 +19,7 @@ cuda::CudaDevice& cuda_device(Device& device) {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const BackendOptions& options) : options_(options) {}
+  bool tf32() const override { return options_.tf32; }
 
   std::string name() const override { return "cuda"; }
 

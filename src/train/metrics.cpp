@@ -47,7 +47,7 @@ void MetricsFile::write(const EpochMetrics& m) {
         {"host_launch", m.phase_seconds.host_launch},
         {"replayed", m.phase_seconds.replayed}}},
       {"eval_seconds", m.eval_seconds},
-      {"precision", precision_name(m.bf16_products)},
+      {"precision", precision_name(m.bf16_products, m.tf32)},
   };
   nlohmann::ordered_json out = line;
   if (const auto& bytes = m.bytes_sent_per_step) {

@@ -304,6 +304,7 @@ void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, 
 void Run::end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step, std::uint32_t epoch_step) {
   m.peak_rss_bytes = peak_rss_bytes();
   m.bf16_products = bf16_products();
+  m.tf32 = backend_.tf32();
   if (config_.mode == Mode::kDdp) {
     m.fc1_factors = factors_;
     m.bytes_sent_per_step = bytes_sent_per_step(factors_, config_.batch, place_.world);

@@ -116,7 +116,7 @@ std::vector<Setting> settings(const TrainConfig& c, const Dataset& data, const B
           {"--save-every", c.save_every},
           {"--on-nan", static_cast<std::uint64_t>(c.on_nan)},
           {"--max-steps", c.max_steps},
-          {"--precision", static_cast<std::uint64_t>(backend.precision())}};
+          {"--precision", static_cast<std::uint64_t>(backend.precision()) * 2 + (backend.tf32() ? 1 : 0)}};
 }
 
 }  // namespace

@@ -236,7 +236,7 @@ run_logged fault_gpu 20 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --da
 if [ "$code" = 3 ] && tail -n 5 "$log" | grep -q "rank 0 failed at step 20"; then record fault_gpu PASS "exit 3 after ${took}s"
 else record fault_gpu FAIL "exit $code after ${took}s (want 3, naming rank 0 and step 20)"; fi
 
-run_logged bench_step 60 "$bin/bench_step" --benchmark_filter='step/cuda(_eager)?/' \
+run_logged bench_step 60 "$bin/bench_step" --benchmark_filter='step/cuda(_eager|_tf32)?/' \
   --benchmark_out="$out/bench_step.json" --benchmark_out_format=json
 [ "$code" = 0 ] && record bench_step PASS "${took}s" || record bench_step FAIL "exit $code"
 

@@ -2,10 +2,10 @@
 """mnist_mt's and PyTorch's µs per training step on one GPU, side by side, as a Markdown table.
 
 Reads bench_step's Google Benchmark JSON (the rows step/cuda/ddp/devices:1/batch:B, the
-step replayed as a CUDA graph, and step/cuda_eager/..., enqueued call by call; counter
-us/step) and torch_speed.py's JSON list. One line per batch and precision: fp32 is TF32
-off; bench_step has no TF32 rows (it runs the backend's default, TF32 off), so in the TF32
-lines mnist_mt's cells and the ratios stay empty. ratio = PyTorch / mnist_mt (graph, as
+step replayed as a CUDA graph, step/cuda_eager/..., enqueued call by call, and
+step/cuda_tf32/..., replayed with --tf32; counter us/step) and torch_speed.py's JSON list.
+One line per batch and precision: fp32 is TF32 off, tf32 on (mnist_mt's eager cell stays
+empty there: bench_step has no eager TF32 row). ratio = PyTorch / mnist_mt (graph, as
 mnist_mt runs by default): above 1, mnist_mt is faster. A note gives the nodes of
 mnist_mt's replayed step (bench_step's graph_nodes counter) and its device time
 (replayed_us) at each batch. A PyTorch row that did not run
@@ -20,7 +20,7 @@ import re
 import sys
 
 TORCH_MODES = ("eager", "graph", "compile", "compile-reduce-overhead")
-MNIST_ROW = re.compile(r"^step/(cuda|cuda_eager)/ddp/devices:1/batch:(\d+)(/|$)")
+MNIST_ROW = re.compile(r"^step/(cuda|cuda_eager|cuda_tf32)/ddp/devices:1/batch:(\d+)(/|$)")
 EMPTY = "—"
 
 
@@ -80,7 +80,7 @@ def main():
     compile_times = []
     for batch in batches:
         for tf32 in (False, True):
-            ours = None if tf32 else mnist.get(("cuda", batch))
+            ours = mnist.get(("cuda_tf32" if tf32 else "cuda", batch))
             ours_eager = None if tf32 else mnist.get(("cuda_eager", batch))
             if ours is None and ours_eager is None and not any((m, batch, tf32) in by_key for m in modes):
                 continue
@@ -99,7 +99,8 @@ def main():
         notes.append("mnist_mt's replayed step: " + ", ".join(
             f"batch {b} {n} graph nodes" + (f", {us:,.1f} µs on the device" if isinstance(us, (int, float)) else "")
             for b, n, us in graphs))
-    notes.append("mnist_mt has no TF32 row (bench_step runs TF32 off): the tf32 lines' mnist_mt cells and ratios are empty")
+    if not any(label == "cuda_tf32" for label, _ in mnist):
+        notes.append("no mnist_mt TF32 row: the tf32 lines' mnist_mt cells and ratios are empty")
     if compile_times:
         notes.append("compile or capture, apart from the timing: " + ", ".join(compile_times))
     for r in torch_rows:
