@@ -115,13 +115,15 @@ void bench_step(benchmark::State& state, Backend& backend, Mode mode, int world,
   state.counters["images/s"] = m.images_per_s;
   if (backend.name() == "cpu") state.counters["ceiling_%"] = 100.0 * m.images_per_s / ceiling(world);
   state.counters["us/step"] = m.seconds * us;
-  // Exposed communication: time the step waited for allreduce beyond the backward.
-  state.counters["comm_us"] = p.comm_wait * us;
-  state.counters["comm_%"] = m.seconds > 0 ? 100.0 * p.comm_wait / m.seconds : 0.0;
   state.counters["data_us"] = p.data_wait * us;
-  state.counters["fwd_us"] = p.forward * us;
-  state.counters["bwd_us"] = p.backward * us;
-  state.counters["opt_us"] = p.optimizer * us;
+  if (p.replayed == 0) {  // a step replayed as a CUDA graph is timed whole (replayed_us below)
+    // Exposed communication: time the step waited for allreduce beyond the backward.
+    state.counters["comm_us"] = p.comm_wait * us;
+    state.counters["comm_%"] = m.seconds > 0 ? 100.0 * p.comm_wait / m.seconds : 0.0;
+    state.counters["fwd_us"] = p.forward * us;
+    state.counters["bwd_us"] = p.backward * us;
+    state.counters["opt_us"] = p.optimizer * us;
+  }
   if (mode == Mode::kDdp) state.counters["launch_us"] = p.host_launch * us;  // the host's enqueueing
   if (m.bytes_sent_per_step) state.counters["fc1_bytes"] = (*m.bytes_sent_per_step)[kFc1];
   // A replayed step: its device time whole, and its graph's nodes.

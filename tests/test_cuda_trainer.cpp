@@ -169,7 +169,9 @@ TEST(CudaTrainer, AReplayedStepGraphTrainsWhatTheEnqueuedStepTrains) {
 // made before the launch). A world of one rank holds no collective, so nothing is on the
 // comm stream between backward and the comm wait.
 TEST(CudaTrainer, AReplayedStepIsTimedWholeUnlessItsPhasesAreAsked) {
-  auto backend = make_cuda_backend({});
+  BackendOptions deterministic;  // the same cuDNN algorithms, so the same nodes, in both runs
+  deterministic.deterministic = true;
+  auto backend = make_cuda_backend(deterministic);
   TrainConfig lean = config_for({0}, 64);
   TrainConfig phases = lean;
   phases.phase_times = true;

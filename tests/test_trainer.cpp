@@ -13,14 +13,17 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "mnist_mt/checkpoint.hpp"
+#include "mnist_mt/device.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/evaluate.hpp"
 #include "mnist_mt/model.hpp"
@@ -289,17 +292,39 @@ TEST(Trainer, MetricsFileHasALinePerEpochWithTheKeys) {
   EXPECT_NE(progress.str().find("test accuracy"), std::string::npos) << progress.str();
 }
 
+// A device whose marks are passed at once, mark k at k seconds: a step's phases are then
+// exact counts of the marks between them.
+class CountingDevice final : public Device {
+ public:
+  void activate() override {}
+  void comm_wait_compute() override {}
+  void compute_wait_comm() override {}
+  void synchronize() override {}
+  std::string name() const override { return "counting"; }
+  TimeMark mark(Lane lane) override { return {lane, next_++}; }
+  std::optional<double> mark_time(const TimeMark& m) override { return static_cast<double>(m.id); }
+  std::optional<double> elapsed(const TimeMark& from, const TimeMark& to) override {
+    return static_cast<double>(to.id) - static_cast<double>(from.id);
+  }
+  std::unique_ptr<DeviceEvent> make_event() override { return nullptr; }
+  void record(Lane, DeviceEvent&) override {}
+  void wait_for(Lane, const DeviceEvent&) override {}
+  void reduce(Lane, std::span<const float* const>, std::span<float* const>, std::size_t, ReduceOp,
+              std::size_t) override {}
+  void copy(Lane, float*, const float*, std::size_t) override {}
+
+ private:
+  std::uint64_t next_ = 0;
+};
+
 // A step whose recording holds no marks (StepGraphs without phase times) is timed
-// whole, from its begin mark to one made after its replay; a step timed by phase cannot
-// also be timed whole. The marks are a CPU device's here (which records nothing itself).
+// whole, from its begin mark to one made after its replay, into `replayed` alone; a step
+// timed by phase goes to the phases alone, and cannot also be timed whole.
 TEST(StepTimer, AStepRecordedWithoutMarksIsTimedWhole) {
-  auto backend = make_cpu_backend({});
-  const int ids[] = {0};
-  auto devices = backend->make_devices(ids);
-  Device& device = *devices[0];
+  CountingDevice device;
   StepTimer timer(device, 0, nullptr);
-  timer.begin(0, 0, 0);
-  timer.pause(true);  // as StepGraphs records a step
+  timer.begin(0, 0, 0);  // mark 0
+  timer.pause(true);     // as StepGraphs records a step
   timer.end_forward();
   timer.begin_comm(StepTimer::CommKind::kAllreduce);
   timer.end_comm();
@@ -308,22 +333,28 @@ TEST(StepTimer, AStepRecordedWithoutMarksIsTimedWhole) {
   timer.end_step();
   timer.pause(false);
   EXPECT_EQ(timer.marks(), 1u);
-  timer.replayed_whole();
+  device.mark(Lane::kCompute);  // marks 1 and 2: the replay's work, never seen by the timer
+  device.mark(Lane::kCompute);
+  timer.replayed_whole();  // mark 3
   EXPECT_EQ(timer.marks(), 2u);
-  timer.begin(1, 0, 0);  // a step timed by phase
+  timer.begin(1, 0, 0);  // marks 4 (begin), 5 (forward), 6, 7 (a comm span), 8, 9, 10
   timer.end_forward();
+  timer.begin_comm(StepTimer::CommKind::kAllreduce);
+  timer.end_comm();
   timer.end_backward();
   timer.end_comm_wait();
   timer.end_step();
   EXPECT_THROW(timer.replayed_whole(), RuntimeFailure);
-  device.synchronize();
   PhaseSeconds p;
   timer.harvest(p);
-  EXPECT_GE(p.replayed, 0.0);
-  EXPECT_GT(p.forward + p.backward + p.comm_wait + p.optimizer, 0.0);
+  EXPECT_EQ(p.replayed, 3.0);
+  EXPECT_EQ(p.forward, 1.0);
+  EXPECT_EQ(p.backward, 3.0);
+  EXPECT_EQ(p.comm_wait, 1.0);
+  EXPECT_EQ(p.optimizer, 1.0);
   PhaseSeconds again;
   timer.harvest(again);  // both steps were harvested
-  EXPECT_EQ(again.replayed + again.forward + again.optimizer, 0.0);
+  EXPECT_EQ(again.replayed + again.forward + again.backward + again.optimizer, 0.0);
 }
 
 // --mode dp times every phase, its own two included, by waiting for the devices: each

@@ -151,9 +151,9 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                  "Write a Chrome trace-event JSON (chrome://tracing, Perfetto) of the first steps to this file (ddp)");
   app.add_option("--trace-steps", f.trace_steps, "Steps that --trace records")->capture_default_str();
   app.add_flag("--phase-times", f.phase_times,
-               "Time every step's phases on the device (forward, backward, comm wait, optimizer in --metrics); on GPUs "
-               "this puts timing events inside each replayed CUDA graph. Without it (nor --trace) a replayed step is "
-               "timed whole");
+               "ddp: time every step's phases on the device (forward, backward, comm wait, optimizer in --metrics); on "
+               "GPUs this puts timing events inside each replayed CUDA graph. Without it (nor --trace) a replayed step "
+               "is timed whole. CPU devices and --mode dp time every phase either way");
   app.add_option("--max-steps", f.max_steps, "Stop each epoch after this many steps (0: the whole epoch)")
       ->capture_default_str();
   // Tests only, kept out of --help: rank RANK throws at global step STEP.

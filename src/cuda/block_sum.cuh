@@ -33,19 +33,24 @@ __device__ inline float block_tree_sum(float value, float* warps /* blockDim.x /
   return total;
 }
 
-// Called by every thread of every block once the block's partial sums are written, each
-// by a thread that fenced after its write (__threadfence): true in the block that
-// finishes last, which may then read every block's partial sums (load_from_peer). The
-// count of finished blocks (*ticket, 0 before the launch) is left at 0 again.
+// Called by every thread of every block once the block's partial sums are written:
+// true in the block that finishes last, which may then read every block's partial sums
+// (load_from_peer). The barrier makes the block's writes thread 0's to publish: its
+// fence (cumulative) orders them before its count, and the last block's fence after its
+// count orders the reads after every other block's. The count of finished blocks
+// (*ticket, 0 before the launch) is left at 0 again.
 __device__ inline bool last_block_done(unsigned* ticket) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
+    __threadfence();
     last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    if (last) *ticket = 0;  // every other block has counted itself
+    if (last) {
+      *ticket = 0;  // every other block has counted itself
+      __threadfence();
+    }
   }
   __syncthreads();
-  if (last) __threadfence();
   return last;
 }
 

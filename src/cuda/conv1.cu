@@ -42,7 +42,6 @@ static __global__ void __launch_bounds__(kConv1Block)
     float total = warps[0][threadIdx.x];
     for (int w = 1; w < kConv1Block / kWarp; ++w) total += warps[w][threadIdx.x];
     partial[std::size_t{blockIdx.x} * kConv1Sums + threadIdx.x] = total;
-    __threadfence();  // visible to every block before this block is counted
   }
   if (!last_block_done(ticket)) return;
   for (int j = static_cast<int>(threadIdx.x); j < kConv1Planes * kConv1Sums; j += kConv1Block)

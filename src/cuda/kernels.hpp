@@ -103,6 +103,9 @@ struct Fc2LossArgs {
   float scale = 1.0f;
 };
 void fc2_loss(const Fc2LossArgs& args, StreamHandle stream);
+// One block does all of fc2_loss's work, which grows with the rows: the replica runs it up
+// to this many rows a call, and cuBLAS's products with log_softmax_nll beyond.
+inline constexpr std::uint32_t kFc2LossMaxRows = 256;
 
 // The optimizer's update. Its learning rate and momentum (SGD) or beta1 (Adam) are read
 // from device memory, two doubles that write_update_values() sets before each update,

@@ -34,10 +34,7 @@ static __global__ void __launch_bounds__(kPoolBlock)
   const float share = pool_backward_share(in, out, grad_out, grad_in, blockIdx.x, side, scale,
                                           static_cast<int>(threadIdx.x), kPoolBlock);
   const float total = block_tree_sum(share, warps);
-  if (threadIdx.x == 0) {
-    partial[blockIdx.x] = total;
-    __threadfence();  // visible to every block before this block is counted
-  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
   if (!last_block_done(ticket)) return;
   for (int c = static_cast<int>(threadIdx.x); c < channels; c += kPoolBlock)
     db[c] = rows_total_at(partial, rows, channels, 1, c, 0);

@@ -110,14 +110,23 @@ class CudaReplica final : public Replica {
   int input_buffer() const override { return input_.slot(); }
   float* input() override { return act_.x.data(); }
   float* logits() override { return act_.z.data(); }
-  float* logit_grads() override { return act_.dlogits.data(); }
+  // A caller may rewrite them (--mode dp): backward() then forms fc2's gradients from them.
+  float* logit_grads() override {
+    fc2_done_ = false;
+    return act_.dlogits.data();
+  }
 
   // fc2, the loss and (training) fc2's backward with fc1's ReLU and dropout backward in
-  // one kernel (fc2_loss); backward() then starts at fc1.
+  // one kernel (fc2_loss, up to kFc2LossMaxRows rows); backward() then starts at fc1.
   void forward(bool train, const DropoutKey& key, std::uint32_t loss_denominator) override {
     if (loss_denominator == 0) throw RuntimeFailure(device_.name() + ": forward() with a loss denominator of 0");
-    forward_hidden(train, key);
     const auto n = static_cast<std::uint32_t>(rows("forward"));
+    if (n > kFc2LossMaxRows) {
+      forward_logits(train, key);
+      loss(0, n, loss_denominator);
+      return;
+    }
+    forward_hidden(train, key);
     if (n > labelled_rows_)
       throw RuntimeFailure(device_.name() + ": forward() of " + std::to_string(n) + " rows, the labelled input has " +
                            std::to_string(labelled_rows_));
@@ -339,6 +348,7 @@ class CudaReplica final : public Replica {
     zero_state();
     pass_on_zeros(max_batch_);
     update(OptimizerOptions{0.0, 0.9, 0.0});
+    guarded_update(OptimizerOptions{0.0, 0.9, 0.0}, UpdateGuard{0, false, {}});  // zero_state() clears its count
     prepared_.push_back(max_batch_);
   }
 

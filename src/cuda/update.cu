@@ -87,10 +87,7 @@ static __global__ void guard_update_kernel(const float* __restrict__ grads, std:
                                            const double* values, unsigned long long* applied, UpdateScalars* scalars) {
   __shared__ double shared[kBlock];
   const double partial = block_partial_squares(grads, count, shared);
-  if (threadIdx.x == 0) {
-    scratch[blockIdx.x] = partial;
-    __threadfence();  // the partial is visible to every block before this block is counted
-  }
+  if (threadIdx.x == 0) scratch[blockIdx.x] = partial;
   if (!last_block_done(ticket)) return;
   const double squares = total_of_partials(scratch, gridDim.x, shared);
   if (threadIdx.x != 0) return;
