@@ -130,17 +130,10 @@ class CudaReplica final : public Replica {
     if (n > labelled_rows_)
       throw RuntimeFailure(device_.name() + ": forward() of " + std::to_string(n) + " rows, the labelled input has " +
                            std::to_string(labelled_rows_));
-    Fc2LossArgs a;
-    a.h = act_.h.data();
-    a.w = param(6);
-    a.bias = param(7);
-    a.labels = batch_.labels;
-    a.rows = n;
-    a.denominator = static_cast<float>(loss_denominator);
-    a.z = act_.z.data();
-    a.logprobs = act_.logprobs.data();
-    a.dlogits = act_.dlogits.data();
-    a.stats = stats_.data() + kStatPending;
+    Fc2LossArgs a{.h = act_.h.data(), .w = param(6), .bias = param(7), .labels = batch_.labels, .rows = n,
+                  .denominator = static_cast<float>(loss_denominator), .z = act_.z.data(),
+                  .logprobs = act_.logprobs.data(), .dlogits = act_.dlogits.data(),
+                  .stats = stats_.data() + kStatPending};
     if (train) {
       a.dw = grad(6);
       a.db = grad(7);
