@@ -12,6 +12,10 @@
 // ceiling_% on the trainer rows divides by that ceiling times the ranks.
 //
 // precision/cpu/...: conv2 and fc1 through oneDNN in f32 and in bf16 (register_precisions).
+//
+// step/cuda/..., step/cuda_eager/... (--no-cuda-graphs), step/cuda_tf32/... (--tf32):
+// the same on GPUs; op/cuda/<operation>/batch:B: each operation of a GPU replica's step
+// on its own (cuda_ops.cpp), which tests/gpu/op_table.py sets beside the step.
 #include <benchmark/benchmark.h>
 #include <dnnl.hpp>
 
@@ -37,6 +41,9 @@
 #include "mnist_mt/dataset.hpp"
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/trainer.hpp"
+#ifdef MNIST_MT_BENCH_CUDA
+#include "cuda_ops.hpp"
+#endif
 
 namespace mnist_mt {
 namespace {
@@ -417,6 +424,7 @@ int main(int argc, char** argv) {
   register_steps(*cpu, cpu->device_count(), "cpu");
   register_exchanges(*cpu);
   std::unique_ptr<Backend> cuda, cuda_eager, cuda_tf32;
+  std::shared_ptr<void> cuda_ops;  // the op/cuda/ rows' buffers, released before the backends
   if (cuda_built()) {
     try {
       BackendOptions eager, tf32;
@@ -429,6 +437,9 @@ int main(int argc, char** argv) {
         register_steps(*cuda, cuda->device_count(), "cuda");
         register_steps(*cuda_eager, cuda->device_count(), "cuda_eager");
         register_steps(*cuda_tf32, 1, "cuda_tf32", true);
+#ifdef MNIST_MT_BENCH_CUDA
+        cuda_ops = register_cuda_ops();
+#endif
       }
     } catch (const std::exception& e) {
       benchmark::AddCustomContext("cuda", std::string("not measured: ") + e.what());
@@ -436,5 +447,6 @@ int main(int argc, char** argv) {
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+  cuda_ops.reset();
   return 0;
 }

@@ -3,7 +3,8 @@
 # tests/gpu/torch_speed.py times the eager step and reports every row it cannot run
 # (CUDA graphs and TF32 on a CPU are skipped, torch.compile where torch lacks it is
 # unsupported) instead of dropping it; tests/gpu/torch_speed_table.py sets hand-made
-# bench_step and torch_speed figures side by side with the right ratios.
+# bench_step and torch_speed figures side by side with the right ratios, and
+# tests/gpu/op_table.py the per-operation profile.
 # Usage: test_torch_speed.sh SOURCE_ROOT
 set -euo pipefail
 root=$1
@@ -75,4 +76,27 @@ expect "- mnist_mt's replayed step: batch 4 21 graph nodes, 150.2 µs on the dev
   >"$work/table.txt"
 expect '| 4 | fp32 | — | — | 300.0 | — | 100.0 | — | — | — | — | — |'
 grep -q '^- no mnist_mt figures: .*none.json' "$work/table.txt"
+# The per-operation table (op_table.py) from bench_step's op/cuda/ rows, as Google
+# Benchmark writes them (repetitions of a row, the least shown, aggregates left out; ns
+# and µs units),
+# with the replayed step's device time and nodes; a failed row is named.
+cat >"$work/ops.json" <<'EOF'
+{"context": {}, "benchmarks": [
+ {"name": "op/cuda/conv1_forward/batch:4/iterations:1/repeats:3/manual_time", "run_name": "op/cuda/conv1_forward/batch:4/iterations:1/repeats:3/manual_time", "real_time": 3.5, "time_unit": "us"},
+ {"name": "op/cuda/conv1_forward/batch:4/iterations:1/repeats:3/manual_time", "run_name": "op/cuda/conv1_forward/batch:4/iterations:1/repeats:3/manual_time", "real_time": 3000.0, "time_unit": "ns"},
+ {"name": "op/cuda/conv1_forward/batch:4/iterations:1/repeats:3/manual_time_mean", "run_name": "op/cuda/conv1_forward/batch:4/iterations:1/repeats:3/manual_time", "aggregate_name": "mean", "real_time": 1.0, "time_unit": "us"},
+ {"name": "op/cuda/conv1_forward/batch:64/iterations:1/repeats:3/manual_time", "run_name": "op/cuda/conv1_forward/batch:64/iterations:1/repeats:3/manual_time", "real_time": 9.25, "time_unit": "us"},
+ {"name": "op/cuda/guard/batch:4/iterations:1/repeats:3/manual_time", "run_name": "op/cuda/guard/batch:4/iterations:1/repeats:3/manual_time", "real_time": 5.0, "time_unit": "us"},
+ {"name": "op/cuda/guard/batch:64/iterations:1/repeats:3/manual_time", "run_name": "op/cuda/guard/batch:64/iterations:1/repeats:3/manual_time", "error_occurred": true, "error_message": "boom"},
+ {"name": "step/cuda/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 90.0, "graph_nodes": 17, "replayed_us": 60.5}
+]}
+EOF
+/usr/bin/python3 "$root/tests/gpu/op_table.py" --bench-step "$work/ops.json" | tee "$work/ops.txt"
+expect_op() { grep -qxF -- "$1" "$work/ops.txt" || { echo "missing line: $1" >&2; exit 1; }; }
+expect_op '| conv1_forward | 3.0 | 9.2 |'
+expect_op '| guard | 5.0 | — |'
+expect_op '| sum of the operations | 8.0 | 9.2 |'
+expect_op '| the replayed step on the device (replayed_us) | 60.5 | — |'
+expect_op "| its graph's nodes | 17 | — |"
+expect_op '- guard batch 64: boom'
 echo "test_torch_speed: pass"

@@ -18,7 +18,8 @@
 # in the local group of ranks sharing one GPU; the replica, each kernel and the trainer
 # against the CPU backend, judged by saved checkpoints), PyTorch on the same GPU taking the same 200
 # steps from the same weights (step_trace + torch_compare.py, TF32 off), one epoch of
-# training, a worker fault (exit 3, no hang), the step benchmark, PyTorch's step timed on
+# training, a worker fault (exit 3, no hang), the step benchmark with each operation of the
+# step timed on its own (op_table.py: a table in summary.txt), PyTorch's step timed on
 # the same GPU (torch_speed.py: eager, torch.compile, reduce-overhead, one captured CUDA
 # graph; set beside bench_step's by torch_speed_table.py in summary.txt) and the
 # allreduce benchmark.
@@ -62,7 +63,7 @@ pack() {
       [[ $name =~ $host_libs ]] || cp -L -n "$path" "$stage/lib/$name"
     done
   done
-  cp tests/gpu/torch_compare.py tests/gpu/torch_speed.py tests/gpu/torch_speed_table.py "$stage/bin/"
+  cp tests/gpu/torch_compare.py tests/gpu/torch_speed.py tests/gpu/torch_speed_table.py tests/gpu/op_table.py "$stage/bin/"
   tar -C "$stage" -cJf "$bundle_tar" bin lib || exit 1
   rm -rf "$stage"
   cp /usr/share/datasets/fashion-mnist/*-ubyte.gz "$data_dir/"
@@ -236,9 +237,11 @@ run_logged fault_gpu 20 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --da
 if [ "$code" = 3 ] && tail -n 5 "$log" | grep -q "rank 0 failed at step 20"; then record fault_gpu PASS "exit 3 after ${took}s"
 else record fault_gpu FAIL "exit $code after ${took}s (want 3, naming rank 0 and step 20)"; fi
 
-run_logged bench_step 60 "$bin/bench_step" --benchmark_filter='step/cuda(_eager|_tf32)?/' \
+run_logged bench_step 90 "$bin/bench_step" --benchmark_filter='step/cuda(_eager|_tf32)?/|op/cuda/' \
   --benchmark_out="$out/bench_step.json" --benchmark_out_format=json
 [ "$code" = 0 ] && record bench_step PASS "${took}s" || record bench_step FAIL "exit $code"
+# Each operation of the step on its own, beside the replayed step's device time and nodes.
+python3 "$bin/op_table.py" --bench-step "$out/bench_step.json" 2>&1 | sed 's/^/  /' | tee -a "$summary" "$log"
 
 # PyTorch's step on the same GPU, timed, beside bench_step's. Its limit is what is left after
 # the later checks' limits (at most 150 s); the script skips, and names, the rows its
