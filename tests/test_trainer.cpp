@@ -323,14 +323,17 @@ class CountingDevice final : public Device {
 TEST(StepTimer, AStepRecordedWithoutMarksIsTimedWhole) {
   CountingDevice device;
   StepTimer timer(device, 0, nullptr);
+  const auto step_work = [&] {  // as the trainer marks a step with one bucket's allreduce
+    timer.end_forward();
+    timer.begin_comm(StepTimer::CommKind::kAllreduce);
+    timer.end_comm();
+    timer.end_backward();
+    timer.end_comm_wait();
+    timer.end_step();
+  };
   timer.begin(0, 0, 0);  // mark 0
   timer.pause(true);     // as StepGraphs records a step
-  timer.end_forward();
-  timer.begin_comm(StepTimer::CommKind::kAllreduce);
-  timer.end_comm();
-  timer.end_backward();
-  timer.end_comm_wait();
-  timer.end_step();
+  step_work();
   timer.pause(false);
   EXPECT_EQ(timer.marks(), 1u);
   device.mark(Lane::kCompute);  // marks 1 and 2: the replay's work, never seen by the timer
@@ -338,12 +341,7 @@ TEST(StepTimer, AStepRecordedWithoutMarksIsTimedWhole) {
   timer.replayed_whole();  // mark 3
   EXPECT_EQ(timer.marks(), 2u);
   timer.begin(1, 0, 0);  // marks 4 (begin), 5 (forward), 6, 7 (a comm span), 8, 9, 10
-  timer.end_forward();
-  timer.begin_comm(StepTimer::CommKind::kAllreduce);
-  timer.end_comm();
-  timer.end_backward();
-  timer.end_comm_wait();
-  timer.end_step();
+  step_work();
   EXPECT_THROW(timer.replayed_whole(), RuntimeFailure);
   PhaseSeconds p;
   timer.harvest(p);

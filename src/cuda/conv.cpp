@@ -90,16 +90,20 @@ std::string Conv2d::cache_key(int n) const {
          " | batch " + std::to_string(n) + " | " + (tf32_ ? "tf32" : "fma");
 }
 
+Conv2d::Plan Conv2d::unchosen(int n) const {
+  return {n,
+          0,
+          make_tensor_desc(n, shape_.in_channels, shape_.in_side, shape_.in_side),
+          make_tensor_desc(n, shape_.out_channels, shape_.out_side(), shape_.out_side()),
+          {},
+          {},
+          {}};
+}
+
 Conv2d::Plan Conv2d::make_plan(cudnnHandle_t handle, int n, Search search, std::size_t limit) const {
   const Selection s{search == Search::kTimed, deterministic_, tf32_, limit};
   std::size_t bytes = 0;
-  Plan p{n,
-         0,
-         make_tensor_desc(n, shape_.in_channels, shape_.in_side, shape_.in_side),
-         make_tensor_desc(n, shape_.out_channels, shape_.out_side(), shape_.out_side()),
-         {},
-         {},
-         {}};
+  Plan p = unchosen(n);
   const cudnnTensorDescriptor_t x = p.x.get(), y = p.y.get();
   const cudnnFilterDescriptor_t w = filter_.get();
   const cudnnConvolutionDescriptor_t conv = conv_.get();
@@ -145,13 +149,7 @@ Conv2d::Plan Conv2d::make_plan(cudnnHandle_t handle, int n, Search search, std::
 std::optional<Conv2d::Plan> Conv2d::plan_of(cudnnHandle_t handle, int n, const ConvChoice& c,
                                             std::size_t limit) const {
   std::size_t bytes = 0;
-  Plan p{n,
-         0,
-         make_tensor_desc(n, shape_.in_channels, shape_.in_side, shape_.in_side),
-         make_tensor_desc(n, shape_.out_channels, shape_.out_side(), shape_.out_side()),
-         {},
-         {},
-         {}};
+  Plan p = unchosen(n);
   const cudnnTensorDescriptor_t x = p.x.get(), y = p.y.get();
   const cudnnFilterDescriptor_t w = filter_.get();
   const cudnnConvolutionDescriptor_t conv = conv_.get();

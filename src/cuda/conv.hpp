@@ -71,6 +71,7 @@ class Conv2d {
   };
   enum class Search { kTimed, kHeuristic };
 
+  Plan unchosen(int n) const;  // batch n's tensors, no algorithm yet
   Plan make_plan(cudnnHandle_t handle, int n, Search search, std::size_t limit) const;
   // The plan of a cached choice; nullopt where cuDNN refuses one of its algorithms here or
   // it needs more than `limit` bytes.

@@ -6,6 +6,19 @@
 
 namespace mnist_mt::cuda {
 
+// Every thread: the block's loss and correct sums (block_sum's order) added to
+// stats[0..2] with the rows, by thread 0.
+static __device__ void add_stats(double loss, double correct, std::uint32_t rows, double* stats, double* partial) {
+  loss = block_sum(loss, partial);
+  __syncthreads();  // partial is reused
+  correct = block_sum(correct, partial);
+  if (threadIdx.x == 0) {
+    stats[0] += loss;
+    stats[1] += correct;
+    stats[2] += rows;
+  }
+}
+
 static __global__ void log_softmax_nll_kernel(const float* __restrict__ z, const float* __restrict__ bias,
                                               const std::uint8_t* __restrict__ labels, std::uint32_t rows,
                                               float denominator, float* __restrict__ logprobs,
@@ -17,14 +30,7 @@ static __global__ void log_softmax_nll_kernel(const float* __restrict__ z, const
     loss += row.nll;
     correct += row.correct ? 1.0 : 0.0;
   }
-  loss = block_sum(loss, partial);
-  __syncthreads();  // partial is reused
-  correct = block_sum(correct, partial);
-  if (threadIdx.x == 0) {
-    stats[0] += loss;
-    stats[1] += correct;
-    stats[2] += rows;
-  }
+  add_stats(loss, correct, rows, stats, partial);
 }
 
 // Rows a thread: fc2's ten products, then the loss as log_softmax_nll_kernel adds it;
@@ -39,14 +45,7 @@ static __global__ void fc2_loss_kernel(Fc2LossArgs a) {
     loss += row.nll;
     correct += row.correct ? 1.0 : 0.0;
   }
-  loss = block_sum(loss, partial);
-  __syncthreads();  // partial is reused
-  correct = block_sum(correct, partial);
-  if (threadIdx.x == 0) {
-    a.stats[0] += loss;
-    a.stats[1] += correct;
-    a.stats[2] += a.rows;
-  }
+  add_stats(loss, correct, a.rows, a.stats, partial);
   if (a.dw == nullptr) return;
   __syncthreads();  // every row's dlogits are written and visible to the block
   for (int j = threadIdx.x; j < kLogits * kFc2In; j += kBlock)
