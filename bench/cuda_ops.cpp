@@ -1,6 +1,8 @@
 // Each operation of the CUDA replica's training step, timed on its own on GPU 0 with CUDA
-// events: kReps calls enqueued back to back after kWarmup, µs per call, three repetitions (what a replayed
-// graph's node of that kind costs, minus the graph's own scheduling). Inputs are random
+// events: kReps calls after kWarmup, µs per call, three repetitions. The calls are queued
+// behind a kernel that keeps the device busy while the host enqueues them (spin), so the
+// rows time the device's work and its gaps between kernels, not the host's launches:
+// about what a replayed graph's node of that kind costs. Inputs are random
 // in [-1, 1], sized as the replica sizes them, so the kernels do the step's work; conv2's
 // cuDNN algorithms are the timed choice at that batch, as a run makes it. Where the next
 // tuning step pays is read off these rows beside the step rows (step/cuda/...).
@@ -31,6 +33,8 @@ using namespace cuda;
 
 constexpr int kWarmup = 5;
 constexpr int kReps = 50;
+// Longer than the host takes to enqueue kReps calls (cuDNN's take about 10 µs each).
+constexpr double kSpinMicroseconds = 5000;
 
 DeviceBuffer<float> random_buffer(std::size_t count, std::uint32_t seed, cudaStream_t stream) {
   std::mt19937 gen(seed);
@@ -66,7 +70,7 @@ struct Step {
         dlogits(random_buffer(std::size_t{n} * kFc2Out, 10, stream.get())),
         dh(random_buffer(std::size_t{n} * kFc1Out, 11, stream.get())),
         dpooled(random_buffer(std::size_t{n} * kFc1In, 12, stream.get())),
-        da2(std::size_t{n} * kA2),
+        da2(random_buffer(std::size_t{n} * kA2, 14, stream.get())),
         da1(random_buffer(std::size_t{n} * kA1, 13, stream.get())),
         sums(std::size_t{n} * kC1 * kConv1Sums),
         stats(kStatCount),
@@ -196,6 +200,7 @@ void time_operation(benchmark::State& state, Holder& holder, std::uint32_t batch
     const EventOwner start = make_timing_event(), stop = make_timing_event();
     for (int i = 0; i < kWarmup; ++i) op(*step);
     for (auto _ : state) {
+      spin(kSpinMicroseconds, step->stream.get());
       CUDA_CHECK(cudaEventRecord(start.get(), step->stream.get()));
       for (int i = 0; i < kReps; ++i) op(*step);
       CUDA_CHECK(cudaEventRecord(stop.get(), step->stream.get()));

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "cuda/algo_cache.hpp"
@@ -52,7 +53,7 @@ TEST_F(AlgoCacheFile, AMalformedFileIsIgnoredWithOneWarningAndReplaced) {
   const fs::path file = dir_ / "c.txt";
   for (const char* text : {"not ours\n", "# mnist_mt cuDNN algorithm choices, format 1\nkey\t1 2 3\n",
                            "# mnist_mt cuDNN algorithm choices, format 1\nkey\t1 2 3 4 5 6 7\n",
-                           "# mnist_mt cuDNN algorithm choices, format 9\n"}) {
+                           "# mnist_mt cuDNN algorithm choices, format 1\n\t1 2 3 4 5 6\n"}) {
     SCOPED_TRACE(text);
     std::ofstream(file) << text;
     AlgoCache cache(file);
@@ -67,11 +68,31 @@ TEST_F(AlgoCacheFile, AMalformedFileIsIgnoredWithOneWarningAndReplaced) {
   }
 }
 
+// Another version's file is read as none and never replaced.
+TEST_F(AlgoCacheFile, AnotherVersionsFileIsLeftAlone) {
+  fs::create_directories(dir_);
+  const fs::path file = dir_ / "c.txt";
+  const std::string text = "# mnist_mt cuDNN algorithm choices, format 2\nsomething else\n";
+  std::ofstream(file) << text;
+  AlgoCache cache(file);
+  ::testing::internal::CaptureStderr();
+  EXPECT_FALSE(cache.find("key"));
+  cache.store("key", kA);
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warned.find("another version"), std::string::npos) << warned;
+  EXPECT_EQ(cache.find("key"), kA);
+  std::ifstream in(file);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), text);
+}
+
 TEST_F(AlgoCacheFile, APlaceItMayNotWriteKeepsTheChoiceInMemoryWithOneWarning) {
   fs::create_directories(dir_ / "a_directory");
   const fs::path fifo = dir_ / "fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  for (const fs::path& file : {dir_ / "a_directory", fifo}) {
+  std::ofstream(dir_ / "a_file") << "x";
+  // A directory and a FIFO where the file should be (read and write refused), and a file
+  // where its directory should be (nothing to read; the write fails).
+  for (const fs::path& file : {dir_ / "a_directory", fifo, dir_ / "a_file" / "c.txt"}) {
     SCOPED_TRACE(file.string());
     AlgoCache cache(file);
     ::testing::internal::CaptureStderr();

@@ -123,6 +123,8 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
       {{"--precision", "bf16", "--gpus", "0"}, "--precision", "--precision: bf16 runs on CPU devices only; use --cpu N"},
       {{"--precision", "tf32", "--cpu", "2"}, "--precision", kTf32OnGpus},
       {{"--epochs", "1", "--precision", "tf32"}, "--precision", kTf32OnGpus},  // no GPU here: CPU devices
+      {{"--tf32", "--cpu", "2"}, "--tf32",
+       "--tf32: TF32 runs on GPUs only (a tensor-core format; CPU devices have none); leave it out, or --gpus LIST"},
       {{"--tf32", "--precision", "bf16", "--cpu", "1"}, "--tf32",
        "--tf32: TF32 is a GPU format and --precision bf16 runs on CPU devices: give one of them"},
   };

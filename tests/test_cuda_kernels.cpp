@@ -540,8 +540,8 @@ TEST_F(Conv2, ForwardAndBackward) { expect_conv_matches_reference(stream(), kCon
 // A timed choice is kept in the algorithm cache and found again by a later convolution (a
 // later run): the cache file's choice for batch 64, rewritten to the implicit GEMM
 // algorithms (which need no workspace), is what the next tune() takes, and its results
-// still match the reference; a cached algorithm cuDNN does not know is timed again and
-// replaced. Deterministic convolutions neither read nor write the cache.
+// still match the reference; a cached choice cuDNN does not list as allowed here is timed
+// again and replaced. Deterministic convolutions neither read nor write the cache.
 TEST_F(Conv2, ATimedChoiceIsFoundAgainInTheAlgorithmCache) {
   namespace fs = std::filesystem;
   const fs::path file = fs::temp_directory_path() / ("mnist_mt_cudnn_cache_" + std::to_string(::getpid()) + ".txt");
@@ -579,17 +579,22 @@ TEST_F(Conv2, ATimedChoiceIsFoundAgainInTheAlgorithmCache) {
     conv.forward(cudnn.get(), kN, d_x.data(), d_w.data(), d_y.data(), {ws.data(), ws.bytes()});
     expect_close(download(d_y, ref.y.value.size(), stream()), ref.y, "forward, cached algorithm");
   }
-  rewrite("99 " + fma + " 0 " + fma + " 0 " + fma);  // no such forward algorithm
-  {
+  // An algorithm cuDNN does not know, a math type that is none, TF32 math in an fp32 run:
+  // each is timed again and replaced.
+  const std::string tensor_op = std::to_string(static_cast<int>(CUDNN_TENSOR_OP_MATH));
+  for (const std::string& bad : {"99 " + fma + " 0 " + fma + " 0 " + fma, "0 7 0 " + fma + " 0 " + fma,
+                                 "0 " + tensor_op + " 0 " + fma + " 0 " + fma}) {
+    SCOPED_TRACE(bad);
+    rewrite(bad);
     AlgoCache cache(file);
     Conv2d conv(kConv2, BackendOptions{}, true, &cache);
     conv.tune(cudnn.get(), kN, kWorkspaceCap);
-    EXPECT_NE(conv.choice(kN)->forward, 99);
+    EXPECT_EQ(conv.choice(kN)->forward_math, static_cast<int>(CUDNN_FMA_MATH));
     std::ifstream in(file);
     std::string header, line;
     std::getline(in, header);
     std::getline(in, line);
-    EXPECT_EQ(line.find("\t99 "), std::string::npos) << "the unknown algorithm was replaced: " << line;
+    EXPECT_EQ(line.substr(line.find('\t') + 1).rfind(bad, 0), std::string::npos) << "replaced: " << line;
   }
   {
     const auto before = fs::last_write_time(file);

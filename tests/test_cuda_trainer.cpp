@@ -77,11 +77,16 @@ TEST(CudaTrainer, RanksSharingTheGpuTrainWhatOneRankOfTheirGlobalBatchTrains) {
   }
 }
 
+// Batch 64 runs fc2 with the loss in one kernel (fc2_loss), batch 300 (4 steps) the
+// cuBLAS products and log_softmax_nll, as calls of more than 256 rows do.
 TEST(CudaTrainer, OneGpuTrainsWhatOneCpuRankTrains) {
   BackendOptions deterministic;
   deterministic.deterministic = true;
-  const TrainConfig c = config_for({0}, 64);
-  EXPECT_LE(relative_difference(saved_params("cuda", c, deterministic), saved_params("cpu", c)), 1e-4);
+  for (const std::uint32_t batch : {64u, 300u}) {
+    SCOPED_TRACE(testing::Message() << "batch " << batch);
+    const TrainConfig c = config_for({0}, batch);
+    EXPECT_LE(relative_difference(saved_params("cuda", c, deterministic), saved_params("cpu", c)), 1e-4);
+  }
 }
 
 // Injects a fault at `rank`'s step 5: the run fails naming them, within 30 s.

@@ -67,7 +67,7 @@ void add_device_flags(CLI::App& app, DeviceFlags& f) {
   auto* cpu = app.add_option("--cpu", f.cpu, "Run on N CPU devices (threads), one rank each");
   app.add_option("--gpus", f.gpus, "Run on these CUDA devices, e.g. 0,1,2")->excludes(cpu);
   app.add_flag("--deterministic", f.deterministic, "CUDA: deterministic algorithms only");
-  app.add_flag("--tf32", f.tf32, "CUDA: allow TF32 math (as --precision tf32)");
+  app.add_flag("--tf32", f.tf32, "GPUs: allow TF32 math (as --precision tf32)");
   app.add_option("--precision", f.precision,
                  "fp32; tf32: cuDNN and cuBLAS may use TF32 tensor cores (GPUs); or bf16: fc1's and fc2's products on "
                  "bfloat16 operands (CPU devices with AVX512_BF16 or AMX)")

@@ -42,11 +42,17 @@ std::vector<int> parse_gpus(const std::string& list) {
 
 // bf16 products run on CPU devices only, TF32 on GPUs only.
 constexpr const char* kBf16OnCpus = "--precision: bf16 runs on CPU devices only; use --cpu N";
-constexpr const char* kTf32OnGpus =
-    "--precision: tf32 runs on GPUs only (a tensor-core format; CPU devices have none); use fp32, or --gpus LIST";
+// TF32 asked for, by --precision tf32 or --tf32, on CPU devices.
+InputError tf32_on_cpus(const DeviceFlags& f) {
+  if (f.precision == "tf32")
+    return InputError(
+        "--precision: tf32 runs on GPUs only (a tensor-core format; CPU devices have none); use fp32, or --gpus LIST");
+  return InputError("--tf32: TF32 runs on GPUs only (a tensor-core format; CPU devices have none); leave it out, or "
+                    "--gpus LIST");
+}
 
-// `tf32_asked`: --precision tf32, which CPU devices refuse.
-Devices default_devices(const BackendOptions& options, bool tf32_asked) {
+// CPU devices refuse TF32 (options.tf32), naming the flag that asked for it.
+Devices default_devices(const BackendOptions& options, const DeviceFlags& f) {
   Devices d;
   if (cuda_built()) {
     BackendOptions fp32 = options;  // bf16 is refused below, not taken for a missing GPU
@@ -61,7 +67,7 @@ Devices default_devices(const BackendOptions& options, bool tf32_asked) {
       return d;
     }
   }
-  if (tf32_asked) throw InputError(kTf32OnGpus);
+  if (options.tf32) throw tf32_on_cpus(f);
   d.backend = with_flag_names({{"precision", "--precision"}}, [&] { return make_cpu_backend(options); });
   for (int i = 0; i < d.backend->device_count(); ++i) d.ids.push_back(i);
   return d;
@@ -81,8 +87,7 @@ std::optional<std::filesystem::path> env_path(const char* name) {
 Devices pick_devices(const DeviceFlags& f, bool pin_cpu_threads) {
   BackendOptions options;
   options.deterministic = f.deterministic;
-  const bool tf32_asked = f.precision == "tf32";
-  options.tf32 = f.tf32 || tf32_asked;
+  options.tf32 = f.tf32 || f.precision == "tf32";
   options.precision = f.precision == "bf16" ? Precision::kBf16 : Precision::kFp32;
   if (f.tf32 && options.precision == Precision::kBf16)
     throw InputError("--tf32: TF32 is a GPU format and --precision bf16 runs on CPU devices: give one of them");
@@ -101,13 +106,13 @@ Devices pick_devices(const DeviceFlags& f, bool pin_cpu_threads) {
     return d;
   }
   if (f.cpu) {
-    if (tf32_asked) throw InputError(kTf32OnGpus);
+    if (options.tf32) throw tf32_on_cpus(f);
     const std::uint32_t count = count_flag(*f.cpu, 1, "--cpu");
     Devices d{with_flag_names({{"precision", "--precision"}}, [&] { return make_cpu_backend(options); }), {}};
     for (std::uint32_t i = 0; i < count; ++i) d.ids.push_back(static_cast<int>(i));
     return d;
   }
-  return default_devices(options, tf32_asked);
+  return default_devices(options, f);
 }
 
 void take_host_share(Devices& d, const DeviceFlags& f, Processes& processes, double timeout_s) {

@@ -11,6 +11,7 @@
 namespace mnist_mt::cuda {
 namespace {
 
+constexpr const char* kFormat = "# mnist_mt cuDNN algorithm choices, format ";
 constexpr const char* kHeader = "# mnist_mt cuDNN algorithm choices, format 1";
 constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 20;
 
@@ -79,7 +80,13 @@ std::map<std::string, ConvChoice> AlgoCache::read_file() {
   if (file_.empty() || !std::filesystem::exists(file_, ec)) return {};
   try {
     const std::vector<std::uint8_t> bytes = read_file_bytes(file_, kMaxBytes);
-    if (auto entries = parse(std::string(bytes.begin(), bytes.end()))) return *entries;
+    const std::string text(bytes.begin(), bytes.end());
+    if (auto entries = parse(text)) return *entries;
+    if (text.rfind(kFormat, 0) == 0 && text.rfind(kHeader, 0) != 0) {  // another version's format
+      foreign_ = true;
+      warn(file_.string() + ": another version's format: left alone (choices are kept for this run only)");
+      return {};
+    }
     warn(file_.string() + ": not a file of this version's choices: ignored (it is replaced at the next choice)");
   } catch (const std::exception& e) {
     warn(std::string(e.what()) + ": ignored");
@@ -107,7 +114,7 @@ void AlgoCache::store(const std::string& key, const ConvChoice& choice) {
   for (const auto& [k, c] : entries_) merged.emplace(k, c);
   merged[key] = choice;
   entries_ = merged;
-  if (file_.empty()) return;
+  if (file_.empty() || foreign_) return;
   try {
     std::filesystem::create_directories(file_.parent_path());
     const std::string text = format(entries_);

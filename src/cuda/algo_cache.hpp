@@ -34,7 +34,8 @@ class AlgoCache {
   static AlgoCache& shared();
 
   // Thread-safe. The file is read at the first find(); an unreadable or malformed one is
-  // ignored with one warning on stderr (and replaced at the next store()).
+  // ignored with one warning on stderr (and replaced at the next store()), one in another
+  // version's format too, but left as it is.
   std::optional<ConvChoice> find(const std::string& key);
   // Keeps `choice` under `key` and rewrites the file atomically (its directory made if
   // missing), with the entries other processes wrote since it was read. A file that
@@ -53,6 +54,7 @@ class AlgoCache {
   std::map<std::string, ConvChoice> entries_;
   bool loaded_ = false;
   bool warned_ = false;
+  bool foreign_ = false;  // the file is another version's: never written
 };
 
 }  // namespace mnist_mt::cuda

@@ -25,11 +25,19 @@ bool allowed(const Perf& p, const Selection& s) {
   return s.tf32 || p.mathType == CUDNN_FMA_MATH;
 }
 
-// cuDNN lists candidates best first; takes the first allowed one whose workspace fits,
-// with a descriptor of its math type, and raises `bytes` to what it needs.
+// An algorithm and math type to take again (a cached choice), or none: the first allowed.
+struct Wanted {
+  int algo = -1;
+  int math = 0;
+};
+
+// cuDNN lists candidates best first; takes the first allowed one (or the wanted one, if
+// cuDNN lists it as allowed here) whose workspace, queried with a descriptor of its own
+// math type, fits; raises `bytes` to what it needs. nullopt when there is none.
 template <typename Perf, typename Count, typename Search, typename WorkspaceOf>
 auto choose(cudnnHandle_t handle, const Selection& s, Count count, Search search, WorkspaceOf workspace_of,
-            std::size_t& bytes, const char* what) -> Conv2d::Choice<decltype(Perf{}.algo)> {
+            std::size_t& bytes, const std::optional<Wanted>& want)
+    -> std::optional<Conv2d::Choice<decltype(Perf{}.algo)>> {
   int max = 0;
   CUDNN_CHECK(count(handle, &max));
   std::vector<Perf> perfs(static_cast<std::size_t>(max));
@@ -37,36 +45,29 @@ auto choose(cudnnHandle_t handle, const Selection& s, Count count, Search search
   CUDNN_CHECK(search(max, &found, perfs.data()));
   for (int i = 0; i < found; ++i) {
     const Perf& p = perfs[static_cast<std::size_t>(i)];
+    if (want && (static_cast<int>(p.algo) != want->algo || static_cast<int>(p.mathType) != want->math)) continue;
+    if (!allowed(p, s)) continue;
+    ConvDescOwner desc = make_conv_desc(p.mathType);
     std::size_t need = 0;
-    if (!allowed(p, s) || workspace_of(p.algo, &need) != CUDNN_STATUS_SUCCESS || need > s.limit) continue;
+    if (workspace_of(desc.get(), p.algo, &need) != CUDNN_STATUS_SUCCESS || need > s.limit) continue;
     bytes = std::max(bytes, need);
-    return {p.algo, static_cast<int>(p.mathType), make_conv_desc(p.mathType)};
+    return Conv2d::Choice<decltype(Perf{}.algo)>{p.algo, static_cast<int>(p.mathType), std::move(desc)};
   }
-  throw RuntimeFailure(std::string("cuDNN offers no convolution ") + what + " algorithm" +
-                       (s.deterministic ? " that is deterministic" : "") + (s.tf32 ? "" : " without TF32") +
-                       " within " + std::to_string(s.limit) + " bytes of workspace");
-}
-
-// A cached algorithm, if cuDNN still offers it here within `limit` bytes: raises `bytes`.
-template <typename Algo, typename WorkspaceOf>
-std::optional<Conv2d::Choice<Algo>> cached(int algo, int math, WorkspaceOf workspace_of, std::size_t limit,
-                                           std::size_t& bytes) {
-  std::size_t need = 0;
-  if (algo < 0 || workspace_of(static_cast<Algo>(algo), &need) != CUDNN_STATUS_SUCCESS || need > limit)
-    return std::nullopt;
-  bytes = std::max(bytes, need);
-  return Conv2d::Choice<Algo>{static_cast<Algo>(algo), math, make_conv_desc(static_cast<cudnnMathType_t>(math))};
+  return std::nullopt;
 }
 
 // What a timed choice depends on besides the convolution: the GPU, its compute
-// capability and the cuDNN and CUDA runtime versions.
+// capability and multiprocessors (a MIG slice has fewer), the driver, cuDNN and CUDA
+// runtime versions.
 std::string device_key() {
-  int device = 0, runtime = 0;
+  int device = 0, runtime = 0, driver = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   cudaDeviceProp p{};
   CUDA_CHECK(cudaGetDeviceProperties(&p, device));
   CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
-  return std::string(p.name) + " sm" + std::to_string(p.major) + std::to_string(p.minor) + " cudnn " +
+  CUDA_CHECK(cudaDriverGetVersion(&driver));
+  return std::string(p.name) + " sm" + std::to_string(p.major) + std::to_string(p.minor) + " x" +
+         std::to_string(p.multiProcessorCount) + " driver " + std::to_string(driver) + " cudnn " +
          std::to_string(cudnnGetVersion()) + " cuda " + std::to_string(runtime);
 }
 
@@ -84,10 +85,10 @@ Conv2d::Conv2d(const ConvShape& shape, const BackendOptions& options, bool data_
       cache_(options.deterministic ? nullptr : cache),
       device_key_(cache_ != nullptr ? device_key() : std::string()) {}
 
-std::string Conv2d::cache_key(int n) const {
+std::string Conv2d::cache_key(int n, std::size_t limit) const {
   return device_key_ + " | conv " + std::to_string(shape_.in_channels) + "x" + std::to_string(shape_.in_side) + "^2 -> " +
          std::to_string(shape_.out_channels) + " k" + std::to_string(shape_.kernel) + (data_grad_ ? " dgrad" : "") +
-         " | batch " + std::to_string(n) + " | " + (tf32_ ? "tf32" : "fma");
+         " | batch " + std::to_string(n) + " | workspace " + std::to_string(limit) + " | " + (tf32_ ? "tf32" : "fma");
 }
 
 Conv2d::Plan Conv2d::unchosen(int n) const {
@@ -100,82 +101,60 @@ Conv2d::Plan Conv2d::unchosen(int n) const {
           {}};
 }
 
-Conv2d::Plan Conv2d::make_plan(cudnnHandle_t handle, int n, Search search, std::size_t limit) const {
+std::optional<Conv2d::Plan> Conv2d::make_plan(cudnnHandle_t handle, int n, Search search, std::size_t limit,
+                                              const ConvChoice* want) const {
   const Selection s{search == Search::kTimed, deterministic_, tf32_, limit};
+  const auto wanted = [want](int algo, int math) { return want ? std::optional<Wanted>(Wanted{algo, math}) : std::nullopt; };
   std::size_t bytes = 0;
   Plan p = unchosen(n);
   const cudnnTensorDescriptor_t x = p.x.get(), y = p.y.get();
   const cudnnFilterDescriptor_t w = filter_.get();
   const cudnnConvolutionDescriptor_t conv = conv_.get();
+  const auto missing = [&](const char* what) -> std::optional<Plan> {
+    if (want) return std::nullopt;
+    throw RuntimeFailure(std::string("cuDNN offers no convolution ") + what + " algorithm" +
+                         (s.deterministic ? " that is deterministic" : "") + (s.tf32 ? "" : " without TF32") +
+                         " within " + std::to_string(s.limit) + " bytes of workspace");
+  };
 
-  p.forward = choose<cudnnConvolutionFwdAlgoPerf_t>(
+  auto forward = choose<cudnnConvolutionFwdAlgoPerf_t>(
       handle, s, cudnnGetConvolutionForwardAlgorithmMaxCount,
       [&](int max, int* found, cudnnConvolutionFwdAlgoPerf_t* perfs) {
         return s.timed ? cudnnFindConvolutionForwardAlgorithm(handle, x, w, conv, y, max, found, perfs)
                        : cudnnGetConvolutionForwardAlgorithm_v7(handle, x, w, conv, y, max, found, perfs);
       },
-      [&](cudnnConvolutionFwdAlgo_t algo, std::size_t* size) {
-        return cudnnGetConvolutionForwardWorkspaceSize(handle, x, w, conv, y, algo, size);
+      [&](cudnnConvolutionDescriptor_t d, cudnnConvolutionFwdAlgo_t algo, std::size_t* size) {
+        return cudnnGetConvolutionForwardWorkspaceSize(handle, x, w, d, y, algo, size);
       },
-      bytes, "forward");
+      bytes, want ? wanted(want->forward, want->forward_math) : std::nullopt);
+  if (!forward) return missing("forward");
+  p.forward = std::move(*forward);
 
-  p.filter = choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
+  auto filter = choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
       handle, s, cudnnGetConvolutionBackwardFilterAlgorithmMaxCount,
       [&](int max, int* found, cudnnConvolutionBwdFilterAlgoPerf_t* perfs) {
         return s.timed ? cudnnFindConvolutionBackwardFilterAlgorithm(handle, x, y, conv, w, max, found, perfs)
                        : cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, x, y, conv, w, max, found, perfs);
       },
-      [&](cudnnConvolutionBwdFilterAlgo_t algo, std::size_t* size) {
-        return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, x, y, conv, w, algo, size);
+      [&](cudnnConvolutionDescriptor_t d, cudnnConvolutionBwdFilterAlgo_t algo, std::size_t* size) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, x, y, d, w, algo, size);
       },
-      bytes, "backward-filter");
+      bytes, want ? wanted(want->filter, want->filter_math) : std::nullopt);
+  if (!filter) return missing("backward-filter");
+  p.filter = std::move(*filter);
 
   if (data_grad_) {
-    p.data = choose<cudnnConvolutionBwdDataAlgoPerf_t>(
+    auto data = choose<cudnnConvolutionBwdDataAlgoPerf_t>(
         handle, s, cudnnGetConvolutionBackwardDataAlgorithmMaxCount,
         [&](int max, int* found, cudnnConvolutionBwdDataAlgoPerf_t* perfs) {
           return s.timed ? cudnnFindConvolutionBackwardDataAlgorithm(handle, w, y, conv, x, max, found, perfs)
                          : cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, w, y, conv, x, max, found, perfs);
         },
-        [&](cudnnConvolutionBwdDataAlgo_t algo, std::size_t* size) {
-          return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, w, y, conv, x, algo, size);
+        [&](cudnnConvolutionDescriptor_t d, cudnnConvolutionBwdDataAlgo_t algo, std::size_t* size) {
+          return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, w, y, d, x, algo, size);
         },
-        bytes, "backward-data");
-  }
-  p.bytes = bytes;
-  return p;
-}
-
-std::optional<Conv2d::Plan> Conv2d::plan_of(cudnnHandle_t handle, int n, const ConvChoice& c,
-                                            std::size_t limit) const {
-  std::size_t bytes = 0;
-  Plan p = unchosen(n);
-  const cudnnTensorDescriptor_t x = p.x.get(), y = p.y.get();
-  const cudnnFilterDescriptor_t w = filter_.get();
-  const cudnnConvolutionDescriptor_t conv = conv_.get();
-  auto forward = cached<cudnnConvolutionFwdAlgo_t>(
-      c.forward, c.forward_math,
-      [&](cudnnConvolutionFwdAlgo_t algo, std::size_t* size) {
-        return cudnnGetConvolutionForwardWorkspaceSize(handle, x, w, conv, y, algo, size);
-      },
-      limit, bytes);
-  auto filter = cached<cudnnConvolutionBwdFilterAlgo_t>(
-      c.filter, c.filter_math,
-      [&](cudnnConvolutionBwdFilterAlgo_t algo, std::size_t* size) {
-        return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, x, y, conv, w, algo, size);
-      },
-      limit, bytes);
-  if (!forward || !filter) return std::nullopt;
-  p.forward = std::move(*forward);
-  p.filter = std::move(*filter);
-  if (data_grad_) {
-    auto data = cached<cudnnConvolutionBwdDataAlgo_t>(
-        c.data, c.data_math,
-        [&](cudnnConvolutionBwdDataAlgo_t algo, std::size_t* size) {
-          return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, w, y, conv, x, algo, size);
-        },
-        limit, bytes);
-    if (!data) return std::nullopt;
+        bytes, want ? wanted(want->data, want->data_math) : std::nullopt);
+    if (!data) return missing("backward-data");
     p.data = std::move(*data);
   }
   p.bytes = bytes;
@@ -188,19 +167,22 @@ std::size_t Conv2d::tune(cudnnHandle_t handle, int n, std::size_t cap) {
   // Timings vary from run to run, and so would a timed choice: deterministic runs take
   // cuDNN's heuristics, which choose the same algorithms every time, and no cache.
   if (deterministic_) {
-    plans_.push_back(make_plan(handle, n, Search::kHeuristic, cap));
+    plans_.push_back(*make_plan(handle, n, Search::kHeuristic, cap));
     return plans_.back().bytes;
   }
-  const std::string key = cache_ != nullptr ? cache_key(n) : std::string();
+  // A cached choice is taken only where cuDNN's heuristics list each of its algorithms,
+  // with its math type, as supported and allowed here (no TF32 into an fp32 run), and
+  // within the workspace; else the candidates are timed again and the entry replaced.
+  const std::string key = cache_ != nullptr ? cache_key(n, cap) : std::string();
   if (cache_ != nullptr) {
     if (const std::optional<ConvChoice> c = cache_->find(key)) {
-      if (std::optional<Plan> p = plan_of(handle, n, *c, cap)) {
+      if (std::optional<Plan> p = make_plan(handle, n, Search::kHeuristic, cap, &*c)) {
         plans_.push_back(std::move(*p));
         return plans_.back().bytes;
       }
     }
   }
-  plans_.push_back(make_plan(handle, n, Search::kTimed, cap));
+  plans_.push_back(*make_plan(handle, n, Search::kTimed, cap));
   const Plan& p = plans_.back();
   if (cache_ != nullptr) cache_->store(key, *choice(n));
   return p.bytes;
@@ -217,7 +199,7 @@ std::optional<ConvChoice> Conv2d::choice(int n) const {
 const Conv2d::Plan& Conv2d::plan(cudnnHandle_t handle, int n, std::size_t limit) {
   for (const Plan& p : plans_)
     if (p.n == n) return p;
-  plans_.push_back(make_plan(handle, n, Search::kHeuristic, limit));
+  plans_.push_back(*make_plan(handle, n, Search::kHeuristic, limit));
   return plans_.back();
 }
 

@@ -72,12 +72,13 @@ class Conv2d {
   enum class Search { kTimed, kHeuristic };
 
   Plan unchosen(int n) const;  // batch n's tensors, no algorithm yet
-  Plan make_plan(cudnnHandle_t handle, int n, Search search, std::size_t limit) const;
-  // The plan of a cached choice; nullopt where cuDNN refuses one of its algorithms here or
-  // it needs more than `limit` bytes.
-  std::optional<Plan> plan_of(cudnnHandle_t handle, int n, const ConvChoice& choice, std::size_t limit) const;
+  // The first allowed algorithms of `search` within `limit` bytes (throws when there are
+  // none); with `want`, those of the cached choice if `search` lists them as allowed here
+  // within the limit, else nullopt.
+  std::optional<Plan> make_plan(cudnnHandle_t handle, int n, Search search, std::size_t limit,
+                                const ConvChoice* want = nullptr) const;
   const Plan& plan(cudnnHandle_t handle, int n, std::size_t limit);
-  std::string cache_key(int n) const;
+  std::string cache_key(int n, std::size_t limit) const;
 
   ConvShape shape_;
   bool deterministic_;

@@ -158,6 +158,10 @@ void guard_update(const float* grads, std::size_t count, double* scratch, unsign
                   const OptimizerOptions& options, const double* values, unsigned long long* applied,
                   UpdateScalars* scalars, StreamHandle stream);
 
+// Keeps `stream` busy for about `microseconds`, doing nothing: a benchmark queues the
+// work it times behind it, so that the device, not the host's launches, sets the pace.
+void spin(double microseconds, StreamHandle stream);
+
 // The local group's reduction (Device::reduce): out[j][i] = in[0][i] + in[1][i] + ... in
 // that order, an average divided by `divisor` as the CPU backend divides, for every out.
 // At most kReduceBuffers inputs and as many outputs; an output may be an input.

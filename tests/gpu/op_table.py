@@ -50,7 +50,9 @@ def main():
                 order.append(op)
             batches.add(batch)
             if b.get("error_occurred"):
-                notes.append(f"{op} batch {batch}: {b.get('error_message', 'error')}")
+                note = f"{op} batch {batch}: {b.get('error_message', 'error')}"
+                if note not in notes:  # once, not once a repetition
+                    notes.append(note)
             elif micros(b) is not None:
                 ops.setdefault((op, batch), []).append(micros(b))
             continue
@@ -70,8 +72,11 @@ def main():
     for op in order:
         cells = [f"{best[(op, b)]:,.1f}" if (op, b) in best else EMPTY for b in cols]
         print(f"| {op} | " + " | ".join(cells) + " |")
-    total = [sum(best[(op, b)] for op in order if (op, b) in best) for b in cols]
-    print("| sum of the operations | " + " | ".join(f"{t:,.1f}" for t in total) + " |")
+    def total(b):
+        have = [best[(op, b)] for op in order if (op, b) in best]
+        missing = len(order) - len(have)
+        return f"{sum(have):,.1f}" + (f" ({missing} missing)" if missing else "")
+    print("| sum of the operations | " + " | ".join(total(b) for b in cols) + " |")
     replayed = [steps.get(b, (None, None)) for b in cols]
     print("| the replayed step on the device (replayed_us) | " +
           " | ".join(f"{r:,.1f}" if isinstance(r, (int, float)) else EMPTY for r, _ in replayed) + " |")
