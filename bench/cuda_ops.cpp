@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/activations.hpp"
 #include "cuda/conv.hpp"
 #include "cuda/errors.hpp"
 #include "cuda/fc.hpp"
@@ -36,15 +37,14 @@ constexpr int kReps = 50;
 // Longer than the host takes to enqueue kReps calls (cuDNN's take about 10 µs each).
 constexpr double kSpinMicroseconds = 5000;
 
-DeviceBuffer<float> random_buffer(std::size_t count, std::uint32_t seed, cudaStream_t stream) {
+// Uniform in [-1, 1], so the kernels do the step's work (ReLUs pass about half).
+void fill_random(DeviceBuffer<float>& d, std::uint32_t seed, cudaStream_t stream) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-  std::vector<float> host(count);
+  std::vector<float> host(d.bytes() / sizeof(float));
   for (float& v : host) v = value(gen);
-  DeviceBuffer<float> d(count);
   CUDA_CHECK(cudaMemcpyAsync(d.data(), host.data(), d.bytes(), cudaMemcpyHostToDevice, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
-  return d;
 }
 
 // One replica's buffers, handles and conv2 for batch n, on a stream of its own.
@@ -57,35 +57,28 @@ struct Step {
         cublas(make_cublas(stream.get(), cublas_workspace, false)),
         conv2(kConv2Shape, BackendOptions{}, true),
         workspace(std::max<std::size_t>(conv2.tune(cudnn.get(), static_cast<int>(n), std::size_t{256} << 20), 256)),
-        params(random_buffer(kParamCount, 1, stream.get())),
-        grads(random_buffer(kParamCount, 2, stream.get())),
-        first(random_buffer(kParamCount, 3, stream.get())),
-        x(random_buffer(std::size_t{n} * kImageBytes, 4, stream.get())),
-        a1(random_buffer(std::size_t{n} * kA1, 5, stream.get())),
-        a2(random_buffer(std::size_t{n} * kA2, 6, stream.get())),
-        pooled(random_buffer(std::size_t{n} * kFc1In, 7, stream.get())),
-        h(random_buffer(std::size_t{n} * kFc1Out, 8, stream.get())),
-        z(random_buffer(std::size_t{n} * kFc2Out, 9, stream.get())),
-        logprobs(std::size_t{n} * kFc2Out),
-        dlogits(random_buffer(std::size_t{n} * kFc2Out, 10, stream.get())),
-        dh(random_buffer(std::size_t{n} * kFc1Out, 11, stream.get())),
-        dpooled(random_buffer(std::size_t{n} * kFc1In, 12, stream.get())),
-        da2(random_buffer(std::size_t{n} * kA2, 14, stream.get())),
-        da1(random_buffer(std::size_t{n} * kA1, 13, stream.get())),
-        sums(std::size_t{n} * kC1 * kConv1Sums),
+        params(kParamCount),
+        grads(kParamCount),
+        first(kParamCount),
+        act(n),
         stats(kStatCount),
         squares(kSquareScratch),
         values(2),
         scalars(1),
-        tickets(3),
+        ticket(1),
         gate(1),
         applied(1),
         images(std::size_t{n} * kImageBytes),
         labels(n),
         samples(n) {
     const cudaStream_t s = stream.get();
+    std::uint32_t seed = 1;
+    for (DeviceBuffer<float>* b : {&params, &grads, &first, &act.x, &act.a1, &act.a2, &act.pooled, &act.h, &act.z,
+                                   &act.dlogits, &act.dh, &act.dpooled, &act.da2, &act.da1})
+      fill_random(*b, seed++, s);
+    act.zero_tickets(s);
     CUDA_CHECK(cudaMemsetAsync(stats.data(), 0, stats.bytes(), s));
-    CUDA_CHECK(cudaMemsetAsync(tickets.data(), 0, tickets.bytes(), s));
+    CUDA_CHECK(cudaMemsetAsync(ticket.data(), 0, ticket.bytes(), s));
     CUDA_CHECK(cudaMemsetAsync(applied.data(), 0, applied.bytes(), s));
     CUDA_CHECK(cudaMemsetAsync(images.data(), 0x5a, images.bytes(), s));
     CUDA_CHECK(cudaMemsetAsync(labels.data(), 0, labels.bytes(), s));
@@ -99,6 +92,7 @@ struct Step {
   float* param(int i) { return params.data() + kParams[static_cast<std::size_t>(i)].offset; }
   float* grad(int i) { return grads.data() + kParams[static_cast<std::size_t>(i)].offset; }
   Workspace ws() const { return {workspace.data(), workspace.bytes()}; }
+  int n() const { return static_cast<int>(rows); }
   DropoutArgs dropout(RandomStream s, float p) const { return {samples.data(), 7, 0, s, p, 1.0f / (1.0f - p)}; }
 
   std::uint32_t rows;
@@ -108,10 +102,11 @@ struct Step {
   CublasOwner cublas;
   Conv2d conv2;
   DeviceBuffer<std::uint8_t> workspace;
-  DeviceBuffer<float> params, grads, first, x, a1, a2, pooled, h, z, logprobs, dlogits, dh, dpooled, da2, da1, sums;
+  DeviceBuffer<float> params, grads, first;
+  Activations act;  // the replica's activations and the reducing kernels' scratch
   DeviceBuffer<double> stats, squares, values;
   DeviceBuffer<UpdateScalars> scalars;
-  DeviceBuffer<unsigned> tickets;
+  DeviceBuffer<unsigned> ticket;  // the guard's count of finished blocks
   DeviceBuffer<int> gate;
   DeviceBuffer<unsigned long long> applied;
   DeviceBuffer<std::uint8_t> images, labels;
@@ -120,59 +115,61 @@ struct Step {
 
 // The step's operations in the order the replica enqueues them (training, ddp).
 std::vector<std::pair<std::string, std::function<void(Step&)>>> operations() {
-  const int c2 = kC2, side = kPoolSideInt;
   return {
       {"normalize", [](Step& s) {
-         normalize_images(s.images.data(), s.x.data(), std::size_t{s.rows} * kImageBytes, kInputMean, kInputStd,
+         normalize_images(s.images.data(), s.act.x.data(), std::size_t{s.rows} * kImageBytes, kInputMean, kInputStd,
                           s.stream.get());
        }},
-      {"conv1_forward", [](Step& s) { conv1_forward(s.x.data(), s.param(0), s.param(1), s.rows, s.a1.data(), s.stream.get()); }},
-      {"conv2_forward_cudnn", [](Step& s) {
-         s.conv2.forward(s.cudnn.get(), static_cast<int>(s.rows), s.a1.data(), s.param(2), s.a2.data(), s.ws());
+      {"conv1_forward", [](Step& s) {
+         conv1_forward(s.act.x.data(), s.param(0), s.param(1), s.rows, s.act.a1.data(), s.stream.get());
        }},
-      {"conv2_bias_relu_pool_dropout", [c2, side](Step& s) {
-         bias_relu_max_pool_dropout(s.a2.data(), s.param(3), s.pooled.data(), s.rows, c2, side,
+      {"conv2_forward_cudnn", [](Step& s) {
+         s.conv2.forward(s.cudnn.get(), s.n(), s.act.a1.data(), s.param(2), s.act.a2.data(), s.ws());
+       }},
+      {"conv2_bias_relu_pool_dropout", [](Step& s) {
+         bias_relu_max_pool_dropout(s.act.a2.data(), s.param(3), s.act.pooled.data(), s.rows, kC2, kPoolSideInt,
                                     s.dropout(RandomStream::kDropout0, kDropout1), s.stream.get());
        }},
       {"fc1_forward_cublas", [](Step& s) {
-         linear_forward(s.cublas.get(), s.pooled.data(), s.param(4), s.h.data(), static_cast<int>(s.rows), kFc1In,
-                        kFc1Out);
+         linear_forward(s.cublas.get(), s.act.pooled.data(), s.param(4), s.act.h.data(), s.n(), kFc1In, kFc1Out);
        }},
       {"fc1_bias_relu_dropout", [](Step& s) {
-         bias_relu_dropout(s.h.data(), s.param(5), s.rows, kFc1Out, 1, s.dropout(RandomStream::kDropout1, kDropout2),
-                           s.stream.get());
+         bias_relu_dropout(s.act.h.data(), s.param(5), s.rows, kFc1Out, 1,
+                           s.dropout(RandomStream::kDropout1, kDropout2), s.stream.get());
        }},
       {"fc2_loss_and_gradients", [](Step& s) {
-         fc2_loss({.h = s.h.data(), .w = s.param(6), .bias = s.param(7), .labels = s.labels.data(), .rows = s.rows,
-                   .denominator = static_cast<float>(s.rows), .z = s.z.data(), .logprobs = s.logprobs.data(),
-                   .dlogits = s.dlogits.data(), .stats = s.stats.data() + kStatPending, .dw = s.grad(6),
-                   .db = s.grad(7), .dh = s.dh.data(), .dh_bias = s.grad(5), .scale = 2.0f},
+         fc2_loss({.h = s.act.h.data(), .w = s.param(6), .bias = s.param(7), .labels = s.labels.data(),
+                   .rows = s.rows, .denominator = static_cast<float>(s.rows), .z = s.act.z.data(),
+                   .logprobs = s.act.logprobs.data(), .dlogits = s.act.dlogits.data(),
+                   .stats = s.stats.data() + kStatPending, .dw = s.grad(6), .db = s.grad(7), .dh = s.act.dh.data(),
+                   .dh_bias = s.grad(5), .scale = 2.0f},
                   s.stream.get());
        }},
       {"fc1_backward_weight_cublas", [](Step& s) {
-         linear_backward_weight(s.cublas.get(), s.pooled.data(), s.dh.data(), s.grad(4), static_cast<int>(s.rows),
-                                kFc1In, kFc1Out);
+         linear_backward_weight(s.cublas.get(), s.act.pooled.data(), s.act.dh.data(), s.grad(4), s.n(), kFc1In,
+                                kFc1Out);
        }},
       {"fc1_backward_data_cublas", [](Step& s) {
-         linear_backward_data(s.cublas.get(), s.param(4), s.dh.data(), s.dpooled.data(), static_cast<int>(s.rows),
-                              kFc1In, kFc1Out);
+         linear_backward_data(s.cublas.get(), s.param(4), s.act.dh.data(), s.act.dpooled.data(), s.n(), kFc1In,
+                              kFc1Out);
        }},
-      {"pool_backward_conv2_bias_grad", [c2, side](Step& s) {
-         max_pool_dropout_backward(s.a2.data(), s.pooled.data(), s.dpooled.data(), s.da2.data(), s.rows, c2, side,
-                                   2.0f, s.sums.data(), s.tickets.data() + 2, s.grad(3), s.stream.get());
+      {"pool_backward_conv2_bias_grad", [](Step& s) {
+         max_pool_dropout_backward(s.act.a2.data(), s.act.pooled.data(), s.act.dpooled.data(), s.act.da2.data(),
+                                   s.rows, kC2, kPoolSideInt, 2.0f, s.act.pool_sums.data(), s.act.pool_ticket.data(),
+                                   s.grad(3), s.stream.get());
        }},
       {"conv2_backward_filter_cudnn", [](Step& s) {
-         s.conv2.backward_filter(s.cudnn.get(), static_cast<int>(s.rows), s.a1.data(), s.da2.data(), s.grad(2), s.ws());
+         s.conv2.backward_filter(s.cudnn.get(), s.n(), s.act.a1.data(), s.act.da2.data(), s.grad(2), s.ws());
        }},
       {"conv2_backward_data_cudnn", [](Step& s) {
-         s.conv2.backward_data(s.cudnn.get(), static_cast<int>(s.rows), s.param(2), s.da2.data(), s.da1.data(), s.ws());
+         s.conv2.backward_data(s.cudnn.get(), s.n(), s.param(2), s.act.da2.data(), s.act.da1.data(), s.ws());
        }},
       {"conv1_backward", [](Step& s) {
-         conv1_backward(s.x.data(), s.a1.data(), s.da1.data(), s.rows, s.sums.data(), s.tickets.data() + 1, s.grad(0),
-                        s.grad(1), s.stream.get());
+         conv1_backward(s.act.x.data(), s.act.a1.data(), s.act.da1.data(), s.rows, s.act.conv1_sums.data(),
+                        s.act.conv1_ticket.data(), s.grad(0), s.grad(1), s.stream.get());
        }},
       {"guard", [](Step& s) {
-         guard_update(s.grads.data(), kParamCount, s.squares.data(), s.tickets.data(),
+         guard_update(s.grads.data(), kParamCount, s.squares.data(), s.ticket.data(),
                       {s.stats.data(), 0, false, s.gate.data()}, OptimizerOptions{0.0, 0.9, 0.0}, s.values.data(),
                       s.applied.data(), s.scalars.data(), s.stream.get());
        }},

@@ -315,48 +315,34 @@ TEST_F(CudaReference, Fc2ProductAndGradientsMatchTheirDefinitions) {
   for (float& v : h) v = v < 0 ? 0.0f : v;
   const std::vector<float> w = uniform(std::size_t{kOut} * kIn, -0.2f, 0.2f, 52);
   const std::vector<float> dl = uniform(std::size_t{kBatch} * kOut, -0.1f, 0.1f, 53);
-  const auto within = [](float got, double value, double magnitude, double terms, const char* what, std::size_t at) {
-    EXPECT_NEAR(got, value, terms * 0x1p-24 * magnitude) << what << " " << at;
+  // `got` against scale * the float64 sum of term(0 .. count-1), within count * 2^-24 * scale * sum|term|.
+  const auto within = [](float got, int count, const auto& term, double scale, const char* what, std::size_t at) {
+    double value = 0, magnitude = 0;
+    for (int t = 0; t < count; ++t) {
+      const double v = term(t);
+      value += v;
+      magnitude += std::abs(v);
+    }
+    EXPECT_NEAR(got, scale * value, count * 0x1p-24 * scale * magnitude) << what << " " << at;
   };
+  const int rows = static_cast<int>(kBatch);
   for (std::uint32_t r = 0; r < kBatch; ++r)
-    for (int k = 0; k < kOut; ++k) {
-      double value = 0, magnitude = 0;
-      for (int i = 0; i < kIn; ++i) {
-        const double t = double{h[r * kIn + i]} * w[k * kIn + i];
-        value += t;
-        magnitude += std::abs(t);
-      }
-      within(cuda::fc2_product_at(h.data(), w.data(), r, k), value, magnitude, kIn, "z", r * kOut + k);
-    }
-  for (int j = 0; j < kOut * kIn; ++j) {
-    double value = 0, magnitude = 0;
-    for (std::uint32_t r = 0; r < kBatch; ++r) {
-      const double t = double{dl[r * kOut + j / kIn]} * h[r * kIn + j % kIn];
-      value += t;
-      magnitude += std::abs(t);
-    }
-    within(cuda::fc2_weight_grad_at(dl.data(), h.data(), kBatch, j), value, magnitude, kBatch, "dw", j);
-  }
-  for (int k = 0; k < kOut; ++k) {
-    double value = 0, magnitude = 0;
-    for (std::uint32_t r = 0; r < kBatch; ++r) {
-      value += dl[r * kOut + k];
-      magnitude += std::abs(dl[r * kOut + k]);
-    }
-    within(cuda::column_sum_at(dl.data(), kBatch, kOut, k), value, magnitude, kBatch, "db", k);
-  }
+    for (int k = 0; k < kOut; ++k)
+      within(cuda::fc2_product_at(h.data(), w.data(), r, k), kIn,
+             [&](int i) { return double{h[r * kIn + i]} * w[k * kIn + i]; }, 1.0, "z", r * kOut + k);
+  for (int j = 0; j < kOut * kIn; ++j)
+    within(cuda::fc2_weight_grad_at(dl.data(), h.data(), kBatch, j), rows,
+           [&](int r) { return double{dl[r * kOut + j / kIn]} * h[r * kIn + j % kIn]; }, 1.0, "dw", j);
+  for (int k = 0; k < kOut; ++k)
+    within(cuda::column_sum_at(dl.data(), kBatch, kOut, k), rows, [&](int r) { return double{dl[r * kOut + k]}; },
+           1.0, "db", k);
   constexpr float kScale = 2.0f;
   std::size_t passed = 0;
   for (std::size_t i = 0; i < h.size(); ++i) {
-    double value = 0, magnitude = 0;
-    for (int k = 0; k < kOut; ++k) {
-      const double t = double{dl[i / kIn * kOut + k]} * w[k * kIn + i % kIn];
-      value += t;
-      magnitude += std::abs(t);
-    }
     const float got = cuda::fc2_input_grad_at(dl.data(), w.data(), h.data(), i, kScale);
     if (h[i] > 0) {
-      within(got, kScale * value, kScale * magnitude, kOut, "dh", i);
+      within(got, kOut, [&](int k) { return double{dl[i / kIn * kOut + k]} * w[k * kIn + i % kIn]; }, kScale, "dh",
+             i);
       ++passed;
     } else {
       ASSERT_EQ(got, 0.0f) << "dh " << i << " where fc1's output is 0";
@@ -365,14 +351,9 @@ TEST_F(CudaReference, Fc2ProductAndGradientsMatchTheirDefinitions) {
   EXPECT_GT(passed, h.size() / 2);
   EXPECT_LT(passed, h.size() * 3 / 4);
   // fc1's bias gradient: the columns of the gradient at its output.
-  for (int c = 0; c < kIn; ++c) {
-    double value = 0, magnitude = 0;
-    for (std::uint32_t r = 0; r < kBatch; ++r) {
-      value += h[r * kIn + c];
-      magnitude += std::abs(h[r * kIn + c]);
-    }
-    within(cuda::column_sum_at(h.data(), kBatch, kIn, c), value, magnitude, kBatch, "column", c);
-  }
+  for (int c = 0; c < kIn; ++c)
+    within(cuda::column_sum_at(h.data(), kBatch, kIn, c), rows, [&](int r) { return double{h[r * kIn + c]}; }, 1.0,
+           "column", c);
 }
 
 // Tolerance: the GPU's row math is fp32 (expf, logf, a 10-term sum), the CPU's fp64 rounded

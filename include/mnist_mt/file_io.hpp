@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -71,5 +72,8 @@ void link_atomically(const std::filesystem::path& existing, const std::filesyste
 // Removes, in `dir`, the temp files of killed writers: those of a target whose name
 // `of_target` accepts, made by a process that no longer exists.
 void remove_dead_temp_files(const std::filesystem::path& dir, const std::function<bool(std::string_view)>& of_target);
+
+// The directory or file an environment variable names; nullopt when it is unset or empty.
+std::optional<std::filesystem::path> env_path(const char* name);
 
 }  // namespace mnist_mt

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <charconv>
 #include <cstring>
 #include <string>
@@ -242,6 +243,12 @@ void link_atomically(const fs::path& existing, const fs::path& path) {
     fail_write(path, "cannot link it to " + existing.string() + ": " + problem);
   }
   sync_directory(target);
+}
+
+std::optional<fs::path> env_path(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return fs::path(value);
 }
 
 }  // namespace mnist_mt

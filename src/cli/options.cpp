@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstdlib>
 #include <iostream>
 #include <limits>
 #include <span>
@@ -14,6 +13,7 @@
 #include "mnist_mt/data_source.hpp"
 #include "mnist_mt/download.hpp"
 #include "mnist_mt/error.hpp"
+#include "mnist_mt/file_io.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "mnist_mt/local_devices.hpp"
 
@@ -72,13 +72,6 @@ Devices default_devices(const BackendOptions& options, const DeviceFlags& f) {
   for (int i = 0; i < d.backend->device_count(); ++i) d.ids.push_back(i);
   return d;
 }
-
-std::optional<std::filesystem::path> env_path(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return std::nullopt;
-  return std::filesystem::path(value);
-}
-
 
 }  // namespace
 

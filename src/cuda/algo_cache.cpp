@@ -15,12 +15,6 @@ constexpr const char* kFormat = "# mnist_mt cuDNN algorithm choices, format ";
 constexpr const char* kHeader = "# mnist_mt cuDNN algorithm choices, format 1";
 constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 20;
 
-std::optional<std::filesystem::path> env_dir(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return std::nullopt;
-  return std::filesystem::path(value);
-}
-
 // "KEY\tf fm b bm d dm" per line after the header; nullopt for anything else.
 std::optional<std::map<std::string, ConvChoice>> parse(const std::string& text) {
   std::istringstream in(text);
@@ -54,14 +48,12 @@ std::string format(const std::map<std::string, ConvChoice>& entries) {
 AlgoCache::AlgoCache(std::filesystem::path file) : file_(std::move(file)) {}
 
 std::filesystem::path AlgoCache::default_file() {
-  std::filesystem::path dir;
-  const char* own = std::getenv("MNIST_MT_CACHE_DIR");
-  if (own != nullptr && *own == '\0') return {};  // set and empty: no file
-  if (auto d = env_dir("MNIST_MT_CACHE_DIR")) dir = *d;
-  else if (auto x = env_dir("XDG_CACHE_HOME")) dir = *x / "mnist_mt";
-  else if (auto h = env_dir("HOME")) dir = *h / ".cache" / "mnist_mt";
-  else return {};
-  return dir / "cudnn-algorithms.txt";
+  constexpr const char* kFile = "cudnn-algorithms.txt";
+  if (const char* own = std::getenv("MNIST_MT_CACHE_DIR"))  // set and empty: no file
+    return *own == '\0' ? std::filesystem::path() : std::filesystem::path(own) / kFile;
+  if (auto x = env_path("XDG_CACHE_HOME")) return *x / "mnist_mt" / kFile;
+  if (auto h = env_path("HOME")) return *h / ".cache" / "mnist_mt" / kFile;
+  return {};
 }
 
 AlgoCache& AlgoCache::shared() {

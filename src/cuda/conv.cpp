@@ -91,22 +91,22 @@ std::string Conv2d::cache_key(int n, std::size_t limit) const {
          " | batch " + std::to_string(n) + " | workspace " + std::to_string(limit) + " | " + (tf32_ ? "tf32" : "fma");
 }
 
-Conv2d::Plan Conv2d::unchosen(int n) const {
-  return {n,
-          0,
-          make_tensor_desc(n, shape_.in_channels, shape_.in_side, shape_.in_side),
-          make_tensor_desc(n, shape_.out_channels, shape_.out_side(), shape_.out_side()),
-          {},
-          {},
-          {}};
-}
-
 std::optional<Conv2d::Plan> Conv2d::make_plan(cudnnHandle_t handle, int n, Search search, std::size_t limit,
                                               const ConvChoice* want) const {
   const Selection s{search == Search::kTimed, deterministic_, tf32_, limit};
-  const auto wanted = [want](int algo, int math) { return want ? std::optional<Wanted>(Wanted{algo, math}) : std::nullopt; };
+  // The cached choice's algorithm and math of one pass, if there is a cached choice.
+  const auto wanted = [want](int ConvChoice::*algo, int ConvChoice::*math) -> std::optional<Wanted> {
+    if (want == nullptr) return std::nullopt;
+    return Wanted{want->*algo, want->*math};
+  };
   std::size_t bytes = 0;
-  Plan p = unchosen(n);
+  Plan p{n,
+         0,
+         make_tensor_desc(n, shape_.in_channels, shape_.in_side, shape_.in_side),
+         make_tensor_desc(n, shape_.out_channels, shape_.out_side(), shape_.out_side()),
+         {},
+         {},
+         {}};
   const cudnnTensorDescriptor_t x = p.x.get(), y = p.y.get();
   const cudnnFilterDescriptor_t w = filter_.get();
   const cudnnConvolutionDescriptor_t conv = conv_.get();
@@ -126,7 +126,7 @@ std::optional<Conv2d::Plan> Conv2d::make_plan(cudnnHandle_t handle, int n, Searc
       [&](cudnnConvolutionDescriptor_t d, cudnnConvolutionFwdAlgo_t algo, std::size_t* size) {
         return cudnnGetConvolutionForwardWorkspaceSize(handle, x, w, d, y, algo, size);
       },
-      bytes, want ? wanted(want->forward, want->forward_math) : std::nullopt);
+      bytes, wanted(&ConvChoice::forward, &ConvChoice::forward_math));
   if (!forward) return missing("forward");
   p.forward = std::move(*forward);
 
@@ -139,7 +139,7 @@ std::optional<Conv2d::Plan> Conv2d::make_plan(cudnnHandle_t handle, int n, Searc
       [&](cudnnConvolutionDescriptor_t d, cudnnConvolutionBwdFilterAlgo_t algo, std::size_t* size) {
         return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, x, y, d, w, algo, size);
       },
-      bytes, want ? wanted(want->filter, want->filter_math) : std::nullopt);
+      bytes, wanted(&ConvChoice::filter, &ConvChoice::filter_math));
   if (!filter) return missing("backward-filter");
   p.filter = std::move(*filter);
 
@@ -153,7 +153,7 @@ std::optional<Conv2d::Plan> Conv2d::make_plan(cudnnHandle_t handle, int n, Searc
         [&](cudnnConvolutionDescriptor_t d, cudnnConvolutionBwdDataAlgo_t algo, std::size_t* size) {
           return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, w, y, d, x, algo, size);
         },
-        bytes, want ? wanted(want->data, want->data_math) : std::nullopt);
+        bytes, wanted(&ConvChoice::data, &ConvChoice::data_math));
     if (!data) return missing("backward-data");
     p.data = std::move(*data);
   }
@@ -161,9 +161,14 @@ std::optional<Conv2d::Plan> Conv2d::make_plan(cudnnHandle_t handle, int n, Searc
   return p;
 }
 
-std::size_t Conv2d::tune(cudnnHandle_t handle, int n, std::size_t cap) {
+const Conv2d::Plan* Conv2d::find(int n) const {
   for (const Plan& p : plans_)
-    if (p.n == n) return p.bytes;
+    if (p.n == n) return &p;
+  return nullptr;
+}
+
+std::size_t Conv2d::tune(cudnnHandle_t handle, int n, std::size_t cap) {
+  if (const Plan* p = find(n)) return p->bytes;
   // Timings vary from run to run, and so would a timed choice: deterministic runs take
   // cuDNN's heuristics, which choose the same algorithms every time, and no cache.
   if (deterministic_) {
@@ -183,22 +188,19 @@ std::size_t Conv2d::tune(cudnnHandle_t handle, int n, std::size_t cap) {
     }
   }
   plans_.push_back(*make_plan(handle, n, Search::kTimed, cap));
-  const Plan& p = plans_.back();
   if (cache_ != nullptr) cache_->store(key, *choice(n));
-  return p.bytes;
+  return plans_.back().bytes;
 }
 
 std::optional<ConvChoice> Conv2d::choice(int n) const {
-  for (const Plan& p : plans_)
-    if (p.n == n)
-      return ConvChoice{static_cast<int>(p.forward.algo), p.forward.math, static_cast<int>(p.filter.algo),
-                        p.filter.math, data_grad_ ? static_cast<int>(p.data.algo) : -1, p.data.math};
-  return std::nullopt;
+  const Plan* p = find(n);
+  if (p == nullptr) return std::nullopt;
+  return ConvChoice{static_cast<int>(p->forward.algo), p->forward.math, static_cast<int>(p->filter.algo),
+                    p->filter.math, data_grad_ ? static_cast<int>(p->data.algo) : -1, p->data.math};
 }
 
 const Conv2d::Plan& Conv2d::plan(cudnnHandle_t handle, int n, std::size_t limit) {
-  for (const Plan& p : plans_)
-    if (p.n == n) return p;
+  if (const Plan* p = find(n)) return *p;
   plans_.push_back(*make_plan(handle, n, Search::kHeuristic, limit));
   return plans_.back();
 }

@@ -71,7 +71,7 @@ class Conv2d {
   };
   enum class Search { kTimed, kHeuristic };
 
-  Plan unchosen(int n) const;  // batch n's tensors, no algorithm yet
+  const Plan* find(int n) const;  // batch n's plan, or null
   // The first allowed algorithms of `search` within `limit` bytes (throws when there are
   // none); with `want`, those of the cached choice if `search` lists them as allowed here
   // within the limit, else nullopt.
