@@ -114,6 +114,35 @@ TEST_F(Input, NormalizeImages) {
   }
 }
 
+// The rows of a batch gathered by sample index from a split in device memory, with their
+// labels; indices repeat and reach both ends of the split.
+TEST_F(Input, GatherImagesFromAHeldSplit) {
+  constexpr std::uint32_t kSplit = 1000;
+  std::vector<std::uint8_t> split(std::size_t{kSplit} * kImageBytes), labels(kSplit);
+  std::mt19937 rng(17);
+  for (auto& b : split) b = static_cast<std::uint8_t>(rng());
+  for (auto& l : labels) l = static_cast<std::uint8_t>(rng() % 10);
+  const auto d_split = upload(split, stream());
+  const auto d_labels = upload(labels, stream());
+  for (const std::uint32_t n : kBatches) {
+    std::vector<std::uint32_t> samples(n);
+    for (std::uint32_t r = 0; r < n; ++r) samples[r] = r == 0 ? kSplit - 1 : r == 1 ? 0 : (r * 389u) % kSplit;
+    if (n > 2) samples[2] = samples[0];
+    const auto d_samples = upload(samples, stream());
+    const auto d_out = unwritten(std::size_t{n} * kImageBytes, stream());
+    DeviceBuffer<std::uint8_t> d_row_labels(n);
+    CUDA_CHECK(cudaMemsetAsync(d_row_labels.data(), 0xff, n, stream()));
+    gather_images(d_split.data(), d_labels.data(), d_samples.data(), n, d_out.data(), d_row_labels.data(), kInputMean,
+                  kInputStd, stream());
+    const auto out = download(d_out, std::size_t{n} * kImageBytes, stream());
+    const auto row_labels = download(d_row_labels, n, stream());
+    for (std::uint32_t i = 0; i < out.size(); ++i)
+      ASSERT_EQ(out[i], gather_normalize_at(split.data(), samples.data(), i, kInputMean, kInputStd))
+          << "batch " << n << " at " << i;
+    for (std::uint32_t r = 0; r < n; ++r) ASSERT_EQ(row_labels[r], labels[samples[r]]) << "batch " << n << " row " << r;
+  }
+}
+
 struct Layer {
   int channels;
   int spatial;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <iostream>
 #include <limits>
 #include <random>
@@ -56,6 +57,23 @@ TEST_F(CudaReference, NormalizeMatchesTheCpuBitwise) {
   for (std::size_t i = 0; i < 256; ++i)
     ASSERT_EQ(cuda::normalize_at(pixels.data(), i, kInputMean, kInputStd), cpu_out[i]) << "pixel " << i;
   EXPECT_NE(cpu_out[0], cpu_out[255]);
+}
+
+// A batch gathered from a split held on the device: each row is its sample's image,
+// normalised bit for bit as the CPU backend normalises the batch the loader copies.
+TEST_F(CudaReference, GatheredRowsAreTheirSamplesNormalisedAsOnTheCpu) {
+  constexpr std::uint32_t kSplit = 300;
+  std::vector<std::uint8_t> split(std::size_t{kSplit} * kImageBytes);
+  for (std::size_t i = 0; i < split.size(); ++i) split[i] = static_cast<std::uint8_t>((i * 131 + i / 97) % 256);
+  const std::vector<std::uint32_t> samples{299, 0, 7, 7, 150, 1};
+  std::vector<std::uint8_t> copied(samples.size() * kImageBytes);  // what the loader hands over
+  for (std::size_t r = 0; r < samples.size(); ++r)
+    std::memcpy(copied.data() + r * kImageBytes, split.data() + samples[r] * kImageBytes, kImageBytes);
+  std::vector<float> cpu_out(copied.size());
+  cpu::normalise_images(copied.data(), copied.size(), cpu_out.data());
+  for (std::uint32_t i = 0; i < cpu_out.size(); ++i)
+    ASSERT_EQ(cuda::gather_normalize_at(split.data(), samples.data(), i, kInputMean, kInputStd), cpu_out[i])
+        << "element " << i << " (row " << i / kImageBytes << ")";
 }
 
 // fc1's bias + ReLU + dropout (spatial 1). On the CPU oneDNN adds fc1's bias and applies

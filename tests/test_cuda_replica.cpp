@@ -27,6 +27,8 @@
 #include "mnist_mt/device.hpp"
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/philox.hpp"
+#include "cuda/device.hpp"
+#include "cuda/device_data.hpp"
 #include "model/replica_testing.hpp"
 
 namespace mnist_mt {
@@ -72,13 +74,19 @@ struct Trace {
   std::vector<float> momentum_after;
 };
 
+// `held`: the replica holds it (Replica::hold_data), so a batch of one of its splits is
+// gathered on the device.
 Trace train_steps(Backend& backend, std::uint32_t max_batch, const Batch& batch, bool train,
-                  const std::vector<float>& params) {
+                  const std::vector<float>& params, const Dataset* held = nullptr) {
   const int ids[] = {0};
   auto devices = backend.make_devices(ids);
   Device& device = *devices[0];
   device.activate();
   auto replica = backend.make_replica(device, max_batch);
+  if (held != nullptr) {
+    const Samples splits[] = {held->train.samples(), held->test.samples()};
+    replica->hold_data(splits);
+  }
   replica->write_params(params);
 
   Trace t;
@@ -322,6 +330,98 @@ TEST(CudaReplica, BatchMayBeReusedOnceSetInputReturns) {
   replica->forward(false, {}, 8);
   replica->read_logprobs(second);
   EXPECT_EQ(first, second);
+}
+
+// A split of `size` samples like make_batch's, and a batch of `rows` of them (repeats
+// included) as the loader hands it over: images copied, split set.
+Dataset dataset_of(std::uint32_t size, std::uint32_t seed) {
+  const Batch all = make_batch(size, seed);
+  Dataset d;
+  d.train.images = all.images;
+  d.train.labels = all.labels;
+  d.test = d.train;
+  return d;
+}
+
+Batch batch_of(const Split& split, std::uint32_t rows) {
+  Batch b;
+  b.size = rows;
+  b.epoch = 3;
+  b.split_images = split.images.data();
+  for (std::uint32_t r = 0; r < rows; ++r) {
+    const std::uint32_t index = r == 1 ? 0 : (r * 37u + split.size() - 1) % split.size();
+    b.indices.push_back(index);
+    b.labels.push_back(split.labels[index]);
+    b.images.insert(b.images.end(), split.image(index), split.image(index) + kImageBytes);
+  }
+  return b;
+}
+
+void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << what;
+}
+
+// The data set in device memory (--gpus without --no-device-data): a batch of a held split
+// crosses as its indices, and trains bit for bit as its copied images do. The held batch's
+// host images are blanked, so only the gather can give the copied batch's result.
+TEST(CudaReplica, ABatchGatheredFromTheHeldDataTrainsAsItsCopy) {
+  const Dataset data = dataset_of(200, 21);
+  auto cuda = make_cuda_backend({});
+  const std::vector<float> params = initial_parameters(21);
+  for (const Split* split : {&data.train, &data.test}) {
+    Batch copied = batch_of(*split, 16);
+    Batch held = copied;
+    copied.split_images = nullptr;
+    std::fill(held.images.begin(), held.images.end(), std::uint8_t{0});
+    std::fill(held.labels.begin(), held.labels.end(), std::uint8_t{0});
+    const Trace want = train_steps(*cuda, 16, copied, true, params);
+    const Trace got = train_steps(*cuda, 16, held, true, params, &data);
+    expect_same_bits(got.logprobs, want.logprobs, "log-probabilities");
+    expect_same_bits(got.grads, want.grads, "gradients");
+    expect_same_bits(got.params_after, want.params_after, "parameters after 3 steps");
+    EXPECT_EQ(got.stats.correct, want.stats.correct);
+    // Not vacuous: the blanked images, copied, train otherwise.
+    held.split_images = nullptr;
+    const Trace blank = train_steps(*cuda, 16, held, true, params);
+    EXPECT_NE(0, std::memcmp(blank.logprobs.data(), want.logprobs.data(), want.logprobs.size() * sizeof(float)));
+  }
+  // Held, but not given a split (or an index past it): the images are copied.
+  Batch elsewhere = batch_of(data.train, 8);
+  elsewhere.split_images = nullptr;
+  const Trace copied = train_steps(*cuda, 8, elsewhere, true, params);
+  expect_same_bits(train_steps(*cuda, 8, elsewhere, true, params, &data).logprobs, copied.logprobs, "no split");
+  Batch past = batch_of(data.train, 8);
+  past.indices[3] = data.train.size() + 5;  // dropout keys by index: compare with the same one copied
+  elsewhere.indices[3] = past.indices[3];
+  expect_same_bits(train_steps(*cuda, 8, past, true, params, &data).logprobs,
+                   train_steps(*cuda, 8, elsewhere, true, params).logprobs, "an index past the split");
+  // With BackendOptions::device_data off the blanked batch is copied, blank.
+  BackendOptions off;
+  off.device_data = false;
+  auto host_data = make_cuda_backend(off);
+  Batch blanked = batch_of(data.train, 8);
+  std::fill(blanked.images.begin(), blanked.images.end(), std::uint8_t{0});
+  const Trace off_trace = train_steps(*host_data, 8, blanked, true, params, &data);
+  blanked.split_images = nullptr;
+  expect_same_bits(off_trace.logprobs, train_steps(*cuda, 8, blanked, true, params).logprobs, "device_data off");
+}
+
+// Ranks that share a GPU share one copy of a split; another content is another copy.
+TEST(CudaReplica, RanksOnOneGpuHoldOneCopyOfTheData) {
+  Dataset data = dataset_of(100, 22);
+  cuda::CudaDevice a(0), b(0);
+  a.activate();
+  const auto first = cuda::hold_split(a, data.train.samples());
+  b.activate();
+  const auto second = cuda::hold_split(b, data.train.samples());
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(first.get(), second.get());
+  EXPECT_EQ(first->size(), 100u);
+  data.train.images[5] ^= 1;
+  const auto changed = cuda::hold_split(b, data.train.samples());
+  ASSERT_NE(changed, nullptr);
+  EXPECT_NE(changed.get(), first.get());
 }
 
 TEST(CudaReplica, TakeStatsCountsAndResets) {

@@ -168,6 +168,30 @@ TEST(CudaTrainer, AReplayedStepGraphTrainsWhatTheEnqueuedStepTrains) {
   EXPECT_GT(relative_difference(replayed.params, saved_params("cuda", still, graphs)), 1e-3);
 }
 
+// The data set held in GPU memory (the default) against batches copied from the host
+// (--no-device-data): every bit of the trained parameters, momentum included, and the
+// evaluation, for the replayed ddp step into a second epoch and for --mode dp.
+TEST(CudaTrainer, TheDataHeldOnTheGpuTrainsAsTheCopiedBatches) {
+  BackendOptions held, copied;
+  held.deterministic = copied.deterministic = true;
+  copied.device_data = false;
+  auto on_gpu = make_cuda_backend(held);
+  auto from_host = make_cuda_backend(copied);
+  for (const Mode mode : {Mode::kDdp, Mode::kDp}) {
+    TrainConfig c = config_for({0}, 64, mode);
+    c.optimizer.momentum = 0.9f;
+    c.max_steps = kSteps / 2;
+    c.epochs = 2;
+    c.evaluate = true;
+    const TrainResult a = train(*on_gpu, dataset(), c);
+    const TrainResult b = train(*from_host, dataset(), c);
+    EXPECT_EQ(a.params, b.params) << (mode == Mode::kDp ? "dp" : "ddp");
+    ASSERT_FALSE(a.epochs.empty());
+    EXPECT_EQ(a.epochs.back().test_accuracy, b.epochs.back().test_accuracy);
+    EXPECT_EQ(a.epochs.back().test_loss, b.epochs.back().test_loss);
+  }
+}
+
 // A replayed step holds no timing events unless its phases are asked for: it is timed
 // whole (PhaseSeconds::replayed), and its graph has exactly the four marks fewer that
 // --phase-times records inside it (forward, backward, comm wait, end; the begin mark is

@@ -48,6 +48,7 @@ struct Delivered {
 // Checks a batch against the split and records what it carried.
 Delivered check_and_record(const Split& split, const Batch& batch) {
   EXPECT_LE(std::size_t{batch.size}, batch.indices.size());
+  EXPECT_EQ(batch.split_images, split.images.data()) << "a GPU gathers the batch from its copy of this split";
   Delivered d{batch.epoch, batch.step, {batch.indices.begin(), batch.indices.begin() + batch.size}};
   for (std::uint32_t i = 0; i < batch.size; ++i) {
     const std::uint32_t index = batch.indices[i];

@@ -28,6 +28,7 @@ struct BackendOptions {
   bool deterministic = false;  // CUDA: deterministic cuDNN algorithms only
   bool tf32 = false;           // CUDA: allow TF32 in cuBLAS/cuDNN
   bool cuda_graphs = true;     // CUDA: a DDP step is recorded once as a graph and replayed
+  bool device_data = true;     // CUDA: the run's images and labels held in device memory (Replica::hold_data)
   // CPU: device i's compute and comm threads run on the i-th CPU of cpu_cores_for(), so
   // that a rank's allreduce shares its own core, not a peer's.
   bool pin_cpu_threads = false;

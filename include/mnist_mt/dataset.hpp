@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "mnist_mt/batch.hpp"  // Samples
 #include "mnist_mt/model.hpp"  // kImageBytes
 
 namespace mnist_mt {
@@ -14,6 +15,7 @@ struct Split {
   std::vector<std::uint8_t> labels;  // size()
   std::uint32_t size() const { return static_cast<std::uint32_t>(labels.size()); }
   const std::uint8_t* image(std::uint32_t i) const { return images.data() + std::size_t{i} * kImageBytes; }
+  Samples samples() const { return {images, labels}; }
 };
 
 struct Dataset {

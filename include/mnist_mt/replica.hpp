@@ -74,6 +74,12 @@ class Replica {
   // anything up while peers wait in a collective. Parameters and optimizer state are
   // left as they are; the step statistics are cleared.
   virtual void prepare(std::span<const std::uint32_t> sizes) = 0;
+  // The run's splits, which outlive the replica's use of them: a replica that can keep
+  // them in device memory does (GPUs, unless BackendOptions::device_data is off: once per
+  // GPU, as uint8), and set_input() of a batch of one of them (Batch::split_images) then
+  // copies only the batch's sample indices and gathers its rows on the device. Others
+  // ignore them. Replaces what an earlier call held.
+  virtual void hold_data(std::span<const Samples> /*splits*/) {}
   // Copies the batch to the device and normalises it, (x/255 - mean)/std. The batch's
   // host memory may be reused once this returns.
   virtual void set_input(const Batch& batch) = 0;

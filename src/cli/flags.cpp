@@ -90,6 +90,8 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   add_device_flags(app, f.device);
   app.add_flag("--no-cuda-graphs", f.device.no_cuda_graphs,
                "CUDA: enqueue each step's work instead of replaying it as a CUDA graph");
+  app.add_flag("--no-device-data", f.device.no_device_data,
+               "CUDA: copy each batch's images from the host instead of holding the data set in device memory");
   app.add_flag("--no-pin", f.device.no_pin,
                "CPU: leave each rank's threads unpinned (by default, in one process, they run on a CPU of their own when the ranks are as many as the CPUs the process may use)");
   app.add_option("--mode", f.mode, "ddp, or dp for torch.nn.DataParallel's step: one host thread, device 0 holds the batch, the loss and the update")

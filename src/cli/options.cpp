@@ -85,6 +85,7 @@ Devices pick_devices(const DeviceFlags& f, bool pin_cpu_threads) {
   if (f.tf32 && options.precision == Precision::kBf16)
     throw InputError("--tf32: TF32 is a GPU format and --precision bf16 runs on CPU devices: give one of them");
   options.cuda_graphs = !f.no_cuda_graphs;
+  options.device_data = !f.no_device_data;
   options.pin_cpu_threads = pin_cpu_threads;
   if (f.gpus && options.precision != Precision::kFp32) throw InputError(kBf16OnCpus);
   if (f.gpus) {

@@ -38,6 +38,7 @@ struct DeviceFlags {
   bool tf32 = false;
   std::string precision = "fp32";
   bool no_cuda_graphs = false;  // train's flag
+  bool no_device_data = false;  // train's flag
   bool no_pin = false;          // train's flag
 };
 

@@ -23,6 +23,15 @@ MNIST_MT_HD float normalize_at(const std::uint8_t* images, std::size_t i, float 
   return (static_cast<float>(images[i]) / 255.0f - mean) / std;
 }
 
+// Element i of rows normalised from a split held on the device: pixel i % kImageBytes of
+// the split's image samples[i / kImageBytes] (gather_images). 32-bit index math: a call
+// covers at most a replica's rows.
+MNIST_MT_HD float gather_normalize_at(const std::uint8_t* split_images, const std::uint32_t* samples, std::uint32_t i,
+                                      float mean, float std) {
+  constexpr auto kPixels = static_cast<std::uint32_t>(kImageBytes);
+  return normalize_at(split_images, std::size_t{samples[i / kPixels]} * kPixels + i % kPixels, mean, std);
+}
+
 // Dropout of element `element` of row `row`; samples are read only when p > 0. A product
 // with 0 rather than a 0, so a dropped NaN stays NaN, as in PyTorch and the CPU backend.
 MNIST_MT_HD float apply_dropout(float v, const DropoutArgs& d, std::size_t row, std::uint32_t element) {

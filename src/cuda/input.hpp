@@ -1,12 +1,17 @@
 #pragma once
 // Batches to the device: the host copies a batch (and its epoch) into one of two pinned slots, the copy
 // stream uploads it, and the compute stream waits for the upload by an event. With two
-// slots the upload of the next batch overlaps the compute still reading the last one.
+// slots the upload of the next batch overlaps the compute still reading the last one. A
+// batch of a split held on the device (hold()) uploads its sample indices and epoch
+// alone, and its images and labels are gathered there.
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <vector>
 
 #include "device.hpp"
+#include "device_data.hpp"
 #include "mnist_mt/batch.hpp"
 
 namespace mnist_mt::cuda {
@@ -21,7 +26,8 @@ struct DeviceBatch {
 
 class InputStage {
  public:
-  InputStage(CudaDevice& device, std::uint32_t max_batch);
+  // `hold_data`: hold() keeps what it is given (BackendOptions::device_data).
+  InputStage(CudaDevice& device, std::uint32_t max_batch, bool hold_data = false);
   ~InputStage();
   InputStage(const InputStage&) = delete;
   InputStage& operator=(const InputStage&) = delete;
@@ -32,6 +38,14 @@ class InputStage {
   // upload() of sample indices alone (images and labels null), for rows whose images
   // arrive by a collective.
   DeviceBatch upload_indices(std::span<const std::uint32_t> indices);
+  // Keeps `splits` in device memory (hold_split) where the stage was made to, in place of
+  // those it held. They outlive their use here.
+  void hold(std::span<const Samples> splits);
+  // The batch's rows normalised into x[size][kImageBytes], on the compute stream: from
+  // the device's copy of its split when held (Batch::split_images) and the indices are in
+  // it, else from its images, uploaded. The returned batch's images are null in the first
+  // case; its labels are on the device in either.
+  DeviceBatch load(const Batch& batch, float* x, float mean, float std);
   // The compute stream's work enqueued so far is the last to read the current slot: the
   // upload that next overwrites it waits for that work.
   void release();
@@ -40,7 +54,7 @@ class InputStage {
 
  private:
   std::uint8_t* next_slot();
-  const std::uint8_t* send(std::size_t from, std::size_t bytes);
+  std::uint8_t* send(std::size_t from, std::size_t bytes);
 
   struct Slot {
     PinnedBuffer<std::uint8_t> host;
@@ -49,8 +63,16 @@ class InputStage {
     EventOwner consumed;  // on the compute stream: the last read of `device` is done
   };
 
+  const HeldSplit* held_for(const Batch& batch) const;
+
   CudaDevice& device_;
   std::uint32_t max_batch_;
+  struct Held {
+    const std::uint8_t* host_images;  // Samples::images.data(): what batches of it name
+    std::shared_ptr<const HeldSplit> split;
+  };
+  bool hold_data_;
+  std::vector<Held> held_;
   std::array<Slot, 2> slots_;
   std::size_t current_ = 1;
 };

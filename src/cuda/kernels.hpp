@@ -31,6 +31,12 @@ struct DropoutArgs {
 // out = (images/255 - mean) / std, elementwise.
 void normalize_images(const std::uint8_t* images, float* out, std::size_t count, float mean, float std,
                       StreamHandle stream);
+// A batch gathered from a split held in device memory: row r of out (kImageBytes floats)
+// is image samples[r] of split_images normalised as above, and labels_out[r] =
+// split_labels[samples[r]] (element_ops.hpp: gather_normalize_at).
+void gather_images(const std::uint8_t* split_images, const std::uint8_t* split_labels, const std::uint32_t* samples,
+                   std::uint32_t rows, float* out, std::uint8_t* labels_out, float mean, float std,
+                   StreamHandle stream);
 
 // conv1's nine taps, and the sums conv1_backward keeps per plane: the nine weights' and
 // the bias's.

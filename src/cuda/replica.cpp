@@ -48,7 +48,7 @@ class CudaReplica final : public Replica {
         grads_(kParamCount),
         act_(max_batch),
         stats_(device),
-        input_(device, max_batch) {
+        input_(device, max_batch, options.device_data) {
     warm_up();
     zero_state();
     device_.wait_stream(stream());
@@ -83,13 +83,16 @@ class CudaReplica final : public Replica {
 
   void set_input(const Batch& batch) override {
     device_.activate();
-    batch_ = input_.upload(batch);
+    batch_ = input_.load(batch, act_.x.data(), kInputMean, kInputStd);
     input_epoch_ = batch.epoch;
-    normalize_images(batch_.images, act_.x.data(), std::size_t{batch_.size} * kImageBytes, kInputMean, kInputStd,
-                     stream());
     input_.release();
     input_rows_ = labelled_rows_ = batch_.size;
     fc2_done_ = false;
+  }
+
+  void hold_data(std::span<const Samples> splits) override {
+    device_.activate();
+    input_.hold(splits);
   }
 
   void set_scattered_input(std::span<const std::uint32_t> samples) override {

@@ -138,6 +138,7 @@ Loader::State::State(const Split& split_in, const LoaderOptions& options_in,
     rank.slot_state = std::vector<std::atomic<std::uint32_t>>(pool);
     for (Batch& b : rank.slots) {
       b.epoch = options.epoch;
+      b.split_images = split.images.data();
       b.images.resize(std::size_t{options.batch} * kImageBytes);
       b.labels.resize(options.batch);
       b.indices.resize(options.batch);

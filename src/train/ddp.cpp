@@ -59,6 +59,7 @@ class DdpWorker {
     try {
       device_.activate();
       replica_ = run_.backend().make_replica(device_, run_.shard_batch());
+      replica_->hold_data(run_.samples());
       if (factors_) replica_->exchange_factors(run_.world());
       replica_->prepare(run_.batch_sizes(rank_));
       // No rank enters a collective while a peer still sets up (cuDNN's searches,

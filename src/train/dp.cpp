@@ -39,6 +39,8 @@ class DpLoop {
         replicas_.push_back(run_.backend().make_replica(on(d), d == 0 ? global : run_.config().batch));
         replicas_.back()->prepare(run_.batch_sizes(d));
       }
+      on(0);
+      replicas_[0]->hold_data(run_.samples());  // only device 0 reads the batch
       batch_.images.resize(std::size_t{global} * kImageBytes);
       batch_.labels.resize(global);
       batch_.indices.resize(global);
@@ -260,6 +262,7 @@ class DpLoop {
       chunks_[static_cast<std::size_t>(d)] = b->size;
       batch_.epoch = b->epoch;
       batch_.step = b->step;
+      batch_.split_images = b->split_images;
       n += b->size;
     }
     batch_.size = n;

@@ -51,6 +51,7 @@ std::uint64_t peak_rss_bytes() {
 Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
     : backend_(backend),
       data_(data),
+      samples_{data.train.samples(), data.test.samples()},
       config_(config),
       place_(place_of(config, data, backend)),
       start_(starting_point(config, data, place_.world)),

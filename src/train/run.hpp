@@ -1,11 +1,13 @@
 #pragma once
 // What the DDP workers and the DataParallel loop share: the devices and communicators,
 // the starting state, rank 0's reporting, and the failure that stops every rank.
+#include <array>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -121,6 +123,8 @@ class Run {
   Backend& backend() const { return backend_; }
   bool bf16_products() const { return backend_.precision() == Precision::kBf16; }
   const Dataset& data() const { return data_; }
+  // The training and test splits, for Replica::hold_data.
+  std::span<const Samples> samples() const { return samples_; }
   const TrainConfig& config() const { return config_; }
   // The parameters, optimizer state and loop state the run starts from.
   const Checkpoint& start() const { return start_; }
@@ -154,6 +158,7 @@ class Run {
 
   Backend& backend_;
   const Dataset& data_;
+  const std::array<Samples, 2> samples_;
   const TrainConfig& config_;
   const Place place_;  // this process's ranks in the world
   const Checkpoint start_;
