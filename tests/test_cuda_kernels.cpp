@@ -143,6 +143,40 @@ TEST_F(Input, GatherImagesFromAHeldSplit) {
   }
 }
 
+// A rank's epoch planned on the device: each call gathers the step the counter names,
+// writes its sample indices, and advances the counter by one.
+TEST_F(Input, GatherPlannedTakesTheStepItsCounterNames) {
+  constexpr std::uint32_t kSplit = 500, kSteps = 3;
+  std::vector<std::uint8_t> split(std::size_t{kSplit} * kImageBytes), labels(kSplit);
+  std::mt19937 rng(23);
+  for (auto& b : split) b = static_cast<std::uint8_t>(rng());
+  for (auto& l : labels) l = static_cast<std::uint8_t>(rng() % 10);
+  const auto d_split = upload(split, stream());
+  const auto d_labels = upload(labels, stream());
+  for (const std::uint32_t n : {1u, 3u, 64u}) {
+    std::vector<std::uint32_t> plan{9, 1};  // epoch 9, from step 1
+    for (std::uint32_t k = 0; k < kSteps * n; ++k) plan.push_back((k * 211u + 7u) % kSplit);
+    auto d_plan = upload(plan, stream());
+    for (std::uint32_t step = 1; step < kSteps; ++step) {
+      const auto d_out = unwritten(std::size_t{n} * kImageBytes, stream());
+      DeviceBuffer<std::uint32_t> d_samples(n);
+      DeviceBuffer<std::uint8_t> d_row_labels(n);
+      gather_planned(d_plan.data(), n, d_split.data(), d_labels.data(), d_out.data(), d_samples.data(),
+                     d_row_labels.data(), kInputMean, kInputStd, stream());
+      const auto out = download(d_out, std::size_t{n} * kImageBytes, stream());
+      const auto samples = download(d_samples, n, stream());
+      const auto row_labels = download(d_row_labels, n, stream());
+      const std::uint32_t* want = plan.data() + kPlanHeader + std::size_t{step} * n;
+      ASSERT_TRUE(std::equal(samples.begin(), samples.end(), want)) << "batch " << n << " step " << step;
+      for (std::uint32_t i = 0; i < out.size(); ++i)
+        ASSERT_EQ(out[i], gather_normalize_at(split.data(), want, i, kInputMean, kInputStd))
+            << "batch " << n << " step " << step << " at " << i;
+      for (std::uint32_t r = 0; r < n; ++r) ASSERT_EQ(row_labels[r], labels[want[r]]);
+      EXPECT_EQ(download(d_plan, kPlanHeader, stream())[kPlanStep], step + 1);
+    }
+  }
+}
+
 struct Layer {
   int channels;
   int spatial;

@@ -407,6 +407,64 @@ TEST(CudaReplica, ABatchGatheredFromTheHeldDataTrainsAsItsCopy) {
   expect_same_bits(off_trace.logprobs, train_steps(*cuda, 8, blanked, true, params).logprobs, "device_data off");
 }
 
+// An epoch planned on the device (Replica::plan_epoch): set_input() of the planned
+// batches in order copies nothing and forward() gathers each step's rows, bit for bit as
+// copied batches train; a batch out of the plan's order ends the plan, and is copied.
+TEST(CudaReplica, APlannedEpochTrainsAsItsCopiedBatches) {
+  const Dataset data = dataset_of(120, 24);
+  auto cuda = make_cuda_backend({});
+  const std::vector<float> params = initial_parameters(24);
+  constexpr std::uint32_t kRows = 8;
+  std::vector<std::uint32_t> plan;
+  for (std::uint32_t k = 0; k < 5 * kRows; ++k) plan.push_back((k * 53u + 3u) % data.train.size());
+  const auto batch_at = [&](std::uint32_t step, bool blank) {
+    Batch b = batch_of(data.train, kRows);
+    for (std::uint32_t r = 0; r < kRows; ++r) {
+      b.indices[r] = plan[step * kRows + r];
+      b.labels[r] = blank ? 0 : data.train.labels[b.indices[r]];
+      for (std::size_t p = 0; p < kImageBytes; ++p)
+        b.images[r * kImageBytes + p] = blank ? 0 : data.train.image(b.indices[r])[p];
+    }
+    return b;
+  };
+  // Steps 0, 1, 2 as planned, then step 4 (out of order), then step 3.
+  const std::uint32_t order[] = {0, 1, 2, 4, 3};
+  const auto run = [&](Backend& backend, bool planned) {
+    const int ids[] = {0};
+    auto devices = backend.make_devices(ids);
+    devices[0]->activate();
+    auto replica = backend.make_replica(*devices[0], kRows);
+    const Samples splits[] = {data.train.samples(), data.test.samples()};
+    replica->hold_data(splits);
+    replica->write_params(params);
+    if (planned) replica->plan_epoch(data.train.images.data(), 3, plan, kRows);
+    std::vector<float> logprobs(kRows * kClasses), all;
+    std::vector<int> slots;
+    for (const std::uint32_t step : order) {
+      Batch b = batch_at(step, planned && step < 3);  // only a gather can see the blanked images
+      if (!planned) b.split_images = nullptr;
+      replica->set_input(b);
+      slots.push_back(replica->input_buffer());
+      replica->forward(true, kKey, kRows);
+      replica->backward([](int) {});
+      replica->update(kSgd);
+      replica->read_logprobs(logprobs);
+      all.insert(all.end(), logprobs.begin(), logprobs.end());
+    }
+    std::vector<float> after(kParamCount);
+    replica->read_params(after);
+    all.insert(all.end(), after.begin(), after.end());
+    return std::pair(all, slots);
+  };
+  const auto [planned, planned_slots] = run(*cuda, true);
+  const auto [copied, copied_slots] = run(*cuda, false);
+  expect_same_bits(planned, copied, "log-probabilities of each step and the parameters after");
+  EXPECT_EQ(std::vector<int>(planned_slots.begin(), planned_slots.begin() + 3), std::vector<int>(3, 2))
+      << "the planned steps read the plan's buffer";
+  EXPECT_NE(planned_slots[3], 2);
+  EXPECT_NE(planned_slots[4], 2) << "the plan ended at the batch out of its order";
+}
+
 // Ranks that share a GPU share one copy of a split; another content is another copy.
 TEST(CudaReplica, RanksOnOneGpuHoldOneCopyOfTheData) {
   Dataset data = dataset_of(100, 22);

@@ -170,7 +170,9 @@ TEST(CudaTrainer, AReplayedStepGraphTrainsWhatTheEnqueuedStepTrains) {
 
 // The data set held in GPU memory (the default) against batches copied from the host
 // (--no-device-data): every bit of the trained parameters, momentum included, and the
-// evaluation, for the replayed ddp step into a second epoch and for --mode dp.
+// evaluation, for the replayed ddp step (which gathers its rows by the device's step
+// counter, Replica::plan_epoch) into a second epoch, with evaluations between its steps
+// (a target that is never reached), and for --mode dp.
 TEST(CudaTrainer, TheDataHeldOnTheGpuTrainsAsTheCopiedBatches) {
   BackendOptions held, copied;
   held.deterministic = copied.deterministic = true;
@@ -183,6 +185,8 @@ TEST(CudaTrainer, TheDataHeldOnTheGpuTrainsAsTheCopiedBatches) {
     c.max_steps = kSteps / 2;
     c.epochs = 2;
     c.evaluate = true;
+    c.target_accuracy = 1.0;
+    c.eval_every = 3;
     const TrainResult a = train(*on_gpu, dataset(), c);
     const TrainResult b = train(*from_host, dataset(), c);
     EXPECT_EQ(a.params, b.params) << (mode == Mode::kDp ? "dp" : "ddp");

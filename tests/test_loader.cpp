@@ -140,6 +140,16 @@ TEST_P(LoaderWorld, DdpConsumersReceiveExactlyThePlannedTrainingBatches) {
     EXPECT_EQ(loader.steps(), 3000 / (batch * o.world));
     const auto got = consume_ddp(loader, split, o.world);
     for (std::uint32_t r = 0; r < o.world; ++r) expect_same(got[r], planned(split, o, r), r);
+    // What a GPU plans from (Replica::plan_epoch): the same samples, from any step on.
+    EXPECT_EQ(loader.split_images(), split.images.data());
+    for (std::uint32_t r = 0; r < o.world; ++r) {
+      for (const std::uint32_t first : {0u, 2u}) {
+        std::vector<std::uint32_t> taken;
+        for (std::size_t k = first; k < got[r].size(); ++k)
+          taken.insert(taken.end(), got[r][k].indices.begin(), got[r][k].indices.end());
+        EXPECT_EQ(loader.rank_samples(r, first), taken) << "rank " << r << " from step " << first;
+      }
+    }
     EXPECT_EQ(loader.next(0), nullptr) << "stays at the end";
   }
 }

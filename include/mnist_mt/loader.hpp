@@ -34,6 +34,11 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
 
   std::uint32_t steps() const;
+  // The samples `rank` (as next() counts) takes in steps [first, steps()), in order, and
+  // the split's images they index: what a GPU keeps to gather them itself
+  // (Replica::plan_epoch). Any thread; the pipeline need not have reached them.
+  std::vector<std::uint32_t> rank_samples(std::uint32_t rank, std::uint32_t first) const;
+  const std::uint8_t* split_images() const;
 
   // Blocks until rank's next batch is ready (`rank` counts this process's ranks). Returns nullptr after the last step,
   // or once cancelled. Rethrows an error raised inside the pipeline.

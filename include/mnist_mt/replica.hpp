@@ -80,6 +80,13 @@ class Replica {
   // copies only the batch's sample indices and gathers its rows on the device. Others
   // ignore them. Replaces what an earlier call held.
   virtual void hold_data(std::span<const Samples> /*splits*/) {}
+  // A rank's training samples of one epoch (Loader::rank_samples), `rows` a step, of the
+  // split whose images are `split_images`: a replica holding that split keeps them too,
+  // and set_input() of the batch that is next among them then copies nothing: forward()
+  // gathers its rows by a step counter on the device, so a recorded step replays alone.
+  // Others ignore it.
+  virtual void plan_epoch(const std::uint8_t* /*split_images*/, std::uint32_t /*epoch*/,
+                          std::span<const std::uint32_t> /*samples*/, std::uint32_t /*rows*/) {}
   // Copies the batch to the device and normalises it, (x/255 - mean)/std. The batch's
   // host memory may be reused once this returns.
   virtual void set_input(const Batch& batch) = 0;

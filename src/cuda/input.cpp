@@ -1,5 +1,6 @@
 #include "input.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -60,6 +61,7 @@ DeviceBatch InputStage::upload(const Batch& batch) {
 }
 
 DeviceBatch InputStage::upload_indices(std::span<const std::uint32_t> indices) {
+  planned_ = pending_ = false;
   const std::size_t n = indices.size();
   if (n == 0 || n > max_batch_)
     throw RuntimeFailure(device_.name() + ": sample indices of " + std::to_string(n) +
@@ -73,6 +75,10 @@ DeviceBatch InputStage::upload_indices(std::span<const std::uint32_t> indices) {
 }
 
 void InputStage::hold(std::span<const Samples> splits) {
+  device_.activate();
+  plan_.steps = 0;
+  plan_.split = nullptr;
+  planned_ = pending_ = false;
   held_.clear();
   if (!hold_data_) return;
   for (const Samples& split : splits) {
@@ -91,7 +97,64 @@ const HeldSplit* InputStage::held_for(const Batch& batch) const {
   return nullptr;
 }
 
+void InputStage::plan(const std::uint8_t* split_images, std::uint32_t epoch, std::span<const std::uint32_t> samples,
+                      std::uint32_t rows) {
+  device_.activate();
+  plan_.steps = 0;
+  planned_ = pending_ = false;
+  const auto held = std::find_if(held_.begin(), held_.end(), [&](const Held& h) { return h.host_images == split_images; });
+  if (held == held_.end() || rows == 0 || rows > max_batch_ || samples.empty() || samples.size() % rows != 0) return;
+  const HeldSplit& split = *held->split;
+  if (std::any_of(samples.begin(), samples.end(), [&](std::uint32_t s) { return s >= split.size(); })) return;
+  const std::size_t words = kPlanHeader + samples.size();
+  if (plan_.device.size() == 0) {
+    const std::size_t capacity = kPlanHeader + split.size();
+    plan_.host = PinnedBuffer<std::uint32_t>(capacity);
+    plan_.device = DeviceBuffer<std::uint32_t>(capacity);
+    plan_.uploaded = make_event();
+    plan_.samples = DeviceBuffer<std::uint32_t>(max_batch_);
+    plan_.labels = DeviceBuffer<std::uint8_t>(max_batch_);
+  }
+  if (words > plan_.device.size()) return;
+  CUDA_CHECK(cudaEventSynchronize(plan_.uploaded.get()));  // the last plan's upload has read `host`
+  plan_.host.data()[kPlanEpoch] = epoch;
+  plan_.host.data()[kPlanStep] = 0;
+  std::copy(samples.begin(), samples.end(), plan_.host.data() + kPlanHeader);
+  // On the compute stream: after every step that read the last plan.
+  CUDA_CHECK(cudaMemcpyAsync(plan_.device.data(), plan_.host.data(), words * sizeof(std::uint32_t),
+                             cudaMemcpyHostToDevice, device_.compute()));
+  CUDA_CHECK(cudaEventRecord(plan_.uploaded.get(), device_.compute()));
+  plan_.host_images = split_images;
+  plan_.split = &split;
+  plan_.epoch = epoch;
+  plan_.rows = rows;
+  plan_.steps = static_cast<std::uint32_t>(samples.size() / rows);
+  plan_.next = 0;
+}
+
+bool InputStage::is_planned_next(const Batch& batch) const {
+  if (plan_.next >= plan_.steps || batch.size != plan_.rows || batch.indices.size() < batch.size) return false;
+  const std::uint32_t* want = plan_.host.data() + kPlanHeader + std::size_t{plan_.next} * plan_.rows;
+  return std::equal(batch.indices.begin(), batch.indices.begin() + batch.size, want);
+}
+
+void InputStage::gather_planned(float* x, float mean, float std) {
+  if (!pending_) return;
+  pending_ = false;
+  cuda::gather_planned(plan_.device.data(), plan_.rows, plan_.split->images(), plan_.split->labels(), x,
+                       plan_.samples.data(), plan_.labels.data(), mean, std, device_.compute());
+}
+
 DeviceBatch InputStage::load(const Batch& batch, float* x, float mean, float std) {
+  planned_ = pending_ = false;
+  if (plan_.steps != 0 && batch.split_images == plan_.host_images && batch.epoch == plan_.epoch) {
+    if (is_planned_next(batch)) {
+      ++plan_.next;
+      planned_ = pending_ = true;
+      return {plan_.rows, nullptr, plan_.labels.data(), plan_.samples.data(), plan_.device.data() + kPlanEpoch};
+    }
+    plan_.steps = 0;  // out of step with the device's counter: copied from here on
+  }
   const HeldSplit* held = held_for(batch);
   if (held == nullptr) {
     const DeviceBatch b = upload(batch);
@@ -135,6 +198,8 @@ std::uint8_t* InputStage::send(std::size_t from, std::size_t bytes) {
 }
 
 // Recorded into a step's graph as well: each replay releases the slot it read.
-void InputStage::release() { device_.record_event(slots_[current_].consumed.get(), device_.compute()); }
+void InputStage::release() {
+  if (!planned_) device_.record_event(slots_[current_].consumed.get(), device_.compute());
+}
 
 }  // namespace mnist_mt::cuda

@@ -41,4 +41,36 @@ void gather_images(const std::uint8_t* split_images, const std::uint8_t* split_l
   CHECK_LAUNCH();
 }
 
+static __global__ void gather_planned_kernel(const std::uint32_t* __restrict__ plan, std::uint32_t rows,
+                                             const std::uint8_t* __restrict__ split_images,
+                                             const std::uint8_t* __restrict__ split_labels, float* __restrict__ out,
+                                             std::uint32_t* __restrict__ samples_out,
+                                             std::uint8_t* __restrict__ labels_out, float mean, float std) {
+  const std::uint32_t* samples = plan + kPlanHeader + std::size_t{plan[kPlanStep]} * rows;
+  const std::uint32_t count = rows * static_cast<std::uint32_t>(kImageBytes);
+  const auto first = static_cast<std::uint32_t>(global_thread());
+  const auto stride = static_cast<std::uint32_t>(grid_threads());
+  for (std::uint32_t i = first; i < count; i += stride)
+    out[i] = gather_normalize_at(split_images, samples, i, mean, std);
+  for (std::uint32_t r = first; r < rows; r += stride) {
+    samples_out[r] = samples[r];
+    labels_out[r] = split_labels[samples[r]];
+  }
+}
+
+// After the gather, on the same stream: no block of it reads the step any more.
+static __global__ void advance_plan_kernel(std::uint32_t* plan) { ++plan[kPlanStep]; }
+
+void gather_planned(std::uint32_t* plan, std::uint32_t rows, const std::uint8_t* split_images,
+                    const std::uint8_t* split_labels, float* out, std::uint32_t* samples_out,
+                    std::uint8_t* labels_out, float mean, float std, StreamHandle stream) {
+  if (rows == 0) return;
+  const std::size_t count = std::size_t{rows} * kImageBytes;
+  gather_planned_kernel<<<grid_for(count), kBlock, 0, stream>>>(plan, rows, split_images, split_labels, out,
+                                                                samples_out, labels_out, mean, std);
+  CHECK_LAUNCH();
+  advance_plan_kernel<<<1, 1, 0, stream>>>(plan);
+  CHECK_LAUNCH();
+}
+
 }  // namespace mnist_mt::cuda

@@ -46,11 +46,22 @@ class InputStage {
   // it, else from its images, uploaded. The returned batch's images are null in the first
   // case; its labels are on the device in either.
   DeviceBatch load(const Batch& batch, float* x, float mean, float std);
+  // A rank's epoch of training samples of a held split (Replica::plan_epoch), copied to
+  // the device with the epoch and a step counter: load() of the batch that is next among
+  // them then copies nothing, and gather_planned() enqueues its gather. A plan that does
+  // not fit (another split, rows over the maximum, indices past the split) is none.
+  void plan(const std::uint8_t* split_images, std::uint32_t epoch, std::span<const std::uint32_t> samples,
+            std::uint32_t rows);
+  // After load() of a planned batch, once, on the compute stream (inside a recorded step,
+  // so that each replay takes the next step's rows): the rows into x as load() writes
+  // them, from the device's step counter, which it advances. Otherwise nothing.
+  void gather_planned(float* x, float mean, float std);
   // The compute stream's work enqueued so far is the last to read the current slot: the
-  // upload that next overwrites it waits for that work.
+  // upload that next overwrites it waits for that work. Nothing for a planned batch.
   void release();
-  // The slot the last upload filled (0 or 1).
-  int slot() const { return static_cast<int>(current_); }
+  // The slot the last upload filled (0 or 1), or kPlannedSlot for a planned batch.
+  static constexpr int kPlannedSlot = 2;
+  int slot() const { return planned_ ? kPlannedSlot : static_cast<int>(current_); }
 
  private:
   std::uint8_t* next_slot();
@@ -64,6 +75,21 @@ class InputStage {
   };
 
   const HeldSplit* held_for(const Batch& batch) const;
+  bool is_planned_next(const Batch& batch) const;
+
+  // The device's plan and its buffers, made at the first plan() for a whole split, so that
+  // the pointers a recorded step holds stay; steps == 0: nothing planned.
+  struct Plan {
+    const std::uint8_t* host_images = nullptr;  // the split's, as batches name it
+    const HeldSplit* split = nullptr;           // held in held_
+    std::uint32_t epoch = 0, rows = 0, steps = 0;
+    std::uint32_t next = 0;                  // the step the next planned load() takes
+    PinnedBuffer<std::uint32_t> host;        // as uploaded: header, then the samples
+    DeviceBuffer<std::uint32_t> device;
+    EventOwner uploaded;                     // on the compute stream: `host` may be rewritten
+    DeviceBuffer<std::uint32_t> samples;     // max_batch: the step's, written by the gather
+    DeviceBuffer<std::uint8_t> labels;       // max_batch
+  };
 
   CudaDevice& device_;
   std::uint32_t max_batch_;
@@ -75,6 +101,9 @@ class InputStage {
   std::vector<Held> held_;
   std::array<Slot, 2> slots_;
   std::size_t current_ = 1;
+  Plan plan_;
+  bool planned_ = false;  // the last load() was of the plan
+  bool pending_ = false;  // and gather_planned() has not enqueued its gather yet
 };
 
 }  // namespace mnist_mt::cuda

@@ -37,6 +37,15 @@ void normalize_images(const std::uint8_t* images, float* out, std::size_t count,
 void gather_images(const std::uint8_t* split_images, const std::uint8_t* split_labels, const std::uint32_t* samples,
                    std::uint32_t rows, float* out, std::uint8_t* labels_out, float mean, float std,
                    StreamHandle stream);
+// A rank's epoch of samples on the device: plan[kPlanEpoch] is the epoch,
+// plan[kPlanStep] the step the next gather_planned() takes, from plan + kPlanHeader on
+// `rows` samples a step.
+inline constexpr std::uint32_t kPlanEpoch = 0, kPlanStep = 1, kPlanHeader = 2;
+// gather_images() of step plan[kPlanStep]'s rows, whose sample indices also go to
+// samples_out (they key dropout); then plan[kPlanStep] is advanced by one. Two kernels.
+void gather_planned(std::uint32_t* plan, std::uint32_t rows, const std::uint8_t* split_images,
+                    const std::uint8_t* split_labels, float* out, std::uint32_t* samples_out,
+                    std::uint8_t* labels_out, float mean, float std, StreamHandle stream);
 
 // conv1's nine taps, and the sums conv1_backward keeps per plane: the nine weights' and
 // the bias's.

@@ -90,9 +90,10 @@ class CudaReplica final : public Replica {
     fc2_done_ = false;
   }
 
-  void hold_data(std::span<const Samples> splits) override {
-    device_.activate();
-    input_.hold(splits);
+  void hold_data(std::span<const Samples> splits) override { input_.hold(splits); }
+  void plan_epoch(const std::uint8_t* split_images, std::uint32_t epoch, std::span<const std::uint32_t> samples,
+                  std::uint32_t rows) override {
+    input_.plan(split_images, epoch, samples, rows);
   }
 
   void set_scattered_input(std::span<const std::uint32_t> samples) override {
@@ -174,6 +175,7 @@ class CudaReplica final : public Replica {
   // read: the labels.
   void forward_hidden(bool train, const DropoutKey& key) {
     device_.activate();
+    input_.gather_planned(act_.x.data(), kInputMean, kInputStd);
     fc2_done_ = false;
     const int n = rows("forward");
     const DropoutArgs none;
@@ -304,10 +306,7 @@ class CudaReplica final : public Replica {
     return static_cast<int>(batch_.size);
   }
 
-  std::size_t tune_convs() {
-    const int n = static_cast<int>(max_batch_);
-    return conv2_.tune(cudnn_.get(), n, kConvWorkspaceCap);
-  }
+  std::size_t tune_convs() { return conv2_.tune(cudnn_.get(), static_cast<int>(max_batch_), kConvWorkspaceCap); }
 
   // Synchronous copy ordered after the compute stream's work.
   void copy_sync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {

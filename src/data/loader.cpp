@@ -312,6 +312,20 @@ Loader::~Loader() {
 
 std::uint32_t Loader::steps() const { return state_->plan.steps(); }
 
+std::vector<std::uint32_t> Loader::rank_samples(std::uint32_t rank, std::uint32_t first) const {
+  const State& s = *state_;
+  if (rank >= s.options.ranks)
+    throw std::out_of_range("Loader::rank_samples: rank " + std::to_string(rank) + " out of range");
+  std::vector<std::uint32_t> samples, positions(s.options.batch);
+  for (std::uint32_t step = first; step < s.plan.steps(); ++step) {
+    const std::uint32_t n = s.plan.shard(s.options.first_rank + rank, step, positions);
+    for (std::uint32_t i = 0; i < n; ++i) samples.push_back(s.order.empty() ? positions[i] : s.order[positions[i]]);
+  }
+  return samples;
+}
+
+const std::uint8_t* Loader::split_images() const { return state_->split.images.data(); }
+
 const Batch* Loader::next(std::uint32_t rank) { return state_->next(rank); }
 
 void Loader::cancel() { state_->cancel(); }

@@ -102,6 +102,9 @@ class DdpWorker {
       const auto lease = run_.loaders().acquire(epoch, true);
       const std::uint32_t first = run_.first_step(epoch);
       skip(lease.loader(), first);
+      if (batches_.size() == 1)  // a GPU holding the data gathers each step's rows itself
+        replica_->plan_epoch(lease.loader().split_images(), epoch, lease.loader().rank_samples(first_shard_, first),
+                             run_.shard_batch());
       Replica* rank0 = run_.global(rank_) == 0 ? replica_.get() : nullptr;
       const bool done = run_.train_steps(
           rank_, m, first, run_.steps_in_epoch(lease.loader().steps()), rank0, step_, train,

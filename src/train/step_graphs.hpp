@@ -6,7 +6,9 @@
 // key; what changes from step to step lives on the device: the input (in the buffer
 // set_input() filled, part of the key) with its epoch, which keys the dropout masks, the
 // update's step and the updates applied (the replica counts them), and the schedule's
-// learning rate and momentum (Replica::set_update_values). So a run records two steps, its first two, one per input buffer. Every rank
+// learning rate and momentum (Replica::set_update_values). So a run records its first
+// two steps, one per input buffer, or, where the replica gathers its planned rows itself
+// (Replica::plan_epoch), its first step only. Every rank
 // records, or none: whether a collective is captured must be the same on every rank of
 // an NCCL communicator. The step's time marks are recorded in it only when its phases are
 // wanted (TrainConfig::phase_times): otherwise a replay is one launch with no timing

@@ -231,6 +231,19 @@ if [ "$code" = 0 ] && awk -v a="${accuracy:-0}" 'BEGIN { exit !(a >= 0.80) }'; t
   record train_gpu PASS "test accuracy $accuracy, $rate images/s, ${took}s"
 else record train_gpu FAIL "exit $code, test accuracy ${accuracy:-none}"; fi
 
+# The same epoch with its batches copied from the host each step (--no-device-data), the
+# way before the data set was held on the GPU: its rate beside the held one's.
+# (Its metrics stay in the work directory: the eight files of $OUT are taken.)
+run_logged train_gpu_copied 45 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --lr 0.01 --momentum 0.9 \
+  --seed 1 --data "$data_dir" --no-device-data --metrics "$work/train_gpu_copied.jsonl"
+copied=$(grep -o '"images_per_s": *[0-9.eE+-]*' "$work/train_gpu_copied.jsonl" 2>/dev/null | tail -n 1 | sed 's/.*: *//')
+copied_accuracy=$(grep -o '"test_accuracy": *[0-9.eE+-]*' "$work/train_gpu_copied.jsonl" 2>/dev/null | tail -n 1 |
+  sed 's/.*: *//')
+# Deterministic algorithms are not asked for here, so the accuracies may differ a little.
+if [ "$code" = 0 ] && [ -n "$copied" ]; then
+  record train_gpu_copied PASS "$copied images/s copied against $rate held; test accuracy $copied_accuracy, ${took}s"
+else record train_gpu_copied FAIL "exit $code"; fi
+
 # A worker fault at step 20: the process names the rank and exits 3, within seconds.
 run_logged fault_gpu 20 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --data "$data_dir" --max-steps 100 \
   --inject-fault 0:20
