@@ -178,6 +178,23 @@ class Recipe(unittest.TestCase):
         self.assertEqual(result["settings"]["optimizer"], "adadelta")
         self.assertGreaterEqual(result["time_to_target_s"], result["eval_seconds"])
 
+    def test_cuda_runs_one_process_on_the_gpu_or_is_refused(self):
+        command = [TORCH_PYTHON, str(RECIPE), "--data", str(self.data), "--recipe", "fast", "--epochs", "1"]
+        two = subprocess.run(command + ["--device", "cuda", "--ranks", "2"], capture_output=True, text=True,
+                             timeout=120)
+        self.assertEqual(two.returncode, 2)
+        self.assertIn("--device cuda runs one process", two.stderr)
+        has_gpu = subprocess.run([TORCH_PYTHON, "-c", "import sys, torch; sys.exit(not torch.cuda.is_available())"],
+                                 capture_output=True).returncode == 0
+        if has_gpu:
+            result = self.recipe("--recipe", "fast", "--epochs", "1", "--device", "cuda")
+            self.assertEqual(result["device"], "cuda")
+            self.assertEqual(result["steps"], 512 // 128)
+        else:
+            one = subprocess.run(command + ["--device", "cuda"], capture_output=True, text=True, timeout=120)
+            self.assertEqual(one.returncode, 2)
+            self.assertIn("sees no CUDA device", one.stderr)
+
     def test_ddp_over_two_processes_takes_the_same_steps(self):
         result = self.recipe("--recipe", "fast", "--ranks", "2", "--epochs", "1")
         self.assertEqual(result["global_batch"], 128)

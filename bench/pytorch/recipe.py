@@ -12,10 +12,14 @@ schedule flags are mnist_mt's (`mnist_mt train --help`), with torch.optim's sema
     recipe.py --data DIR --optimizer adamw --lr 3e-3 --lr-schedule onecycle --batch-size 256 \
               --epochs 2 --target-accuracy 99 --eval-every 100
     recipe.py --data DIR --recipe fast --ranks 2      # DDP over gloo, one process per rank
+    recipe.py --data DIR --recipe fast --device cuda  # one GPU: data, model and steps on it
 
 --batch-size is per rank, as in mnist_mt (one process is one rank); a recipe's batch is the
 global batch. The last partial batch of an epoch is dropped, as mnist_mt drops it, so
 OneCycle and cosine see the same step count.
+With --device cuda (one process) the data sets are moved to the GPU once, as tensors, and
+TF32 is off (torch.backends.cudnn.allow_tf32 and cuda.matmul.allow_tf32), matching
+mnist_mt's default --precision fp32; every clock read waits for the GPU first.
 The test set is evaluated every --eval-every steps and at each epoch's end; with
 --target-accuracy the run stops at the first evaluation that reaches it. The result is one
 JSON object on stdout; progress goes to stderr.
@@ -71,10 +75,17 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="threads in all, shared out between the ranks, at least one a rank (default: every usable core)")
     p.add_argument("--ranks", type=int, default=1, help="processes, DDP over gloo when more than one")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: one process on the current GPU, the data on it, TF32 off")
     p.add_argument("--metrics", help="write one JSON line per epoch to this file")
+    p.add_argument("--result", help="also write the result (the JSON object printed last) to this file")
     args = p.parse_args(argv)
     if args.ranks < 1:
         p.error(f"--ranks: {args.ranks} is out of range (at least 1)")
+    if args.device == "cuda" and args.ranks != 1:
+        p.error("--device cuda runs one process: give --ranks 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: this PyTorch sees no CUDA device")
     recipe = dict(RECIPES.get(args.recipe, {}))
     if args.optimizer and args.optimizer != recipe.get("optimizer", args.optimizer):
         for name in ("lr", "momentum", "nesterov", "weight_decay"):  # the recipe's rates are its optimizer's
@@ -136,10 +147,16 @@ def make_schedule(args, optimizer, total_steps):
     return None, False
 
 
+def synchronize(device):
+    """Waits for the device's queued work, so that a clock read covers it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def evaluate(model, test_x, test_y, rank, world):
     """(test loss, accuracy) over all 10,000 images, each rank testing every world-th batch."""
     model.eval()
-    sums = torch.zeros(3, dtype=torch.float64)  # loss, correct, samples
+    sums = torch.zeros(3, dtype=torch.float64, device=test_x.device)  # loss, correct, samples
     with torch.no_grad():
         for start in range(rank * TEST_BATCH, len(test_y), world * TEST_BATCH):
             x, y = test_x[start:start + TEST_BATCH], test_y[start:start + TEST_BATCH]
@@ -154,8 +171,8 @@ def evaluate(model, test_x, test_y, rank, world):
     return loss / samples, correct / samples
 
 
-def torch_build():
-    """The PyTorch that ran and the CPU libraries it was built with."""
+def torch_build(device):
+    """The PyTorch that ran, the CPU libraries it was built with and the GPU it ran on."""
     config = torch.__config__.show()
     libs = [line.strip(" -") for line in config.splitlines()
             if "Math Kernel Library" in line or "MKL-DNN" in line or "oneDNN" in line or "OpenBLAS" in line]
@@ -163,7 +180,9 @@ def torch_build():
                  if part.startswith("BLAS_INFO=")), "unknown")
     return {"torch_version": torch.__version__, "torch_blas": blas, "torch_libraries": libs,
             "mkl": torch.backends.mkl.is_available(), "mkldnn": torch.backends.mkldnn.is_available(),
-            "cpu_capability": getattr(torch.backends, "cpu", None) and torch.backends.cpu.get_cpu_capability()}
+            "cpu_capability": getattr(torch.backends, "cpu", None) and torch.backends.cpu.get_cpu_capability(),
+            "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "cuda": torch.version.cuda if device.type == "cuda" else None}
 
 
 class Watch:
@@ -177,6 +196,7 @@ class Watch:
 
     def evaluate(self, model, step, steps_per_epoch):
         """Evaluates after `step`; returns the seconds it took."""
+        synchronize(self.test[0].device)  # the training steps before are not evaluation's
         began = time.perf_counter()
         loss, accuracy = evaluate(model, *self.test, self.rank, self.world)
         now = time.perf_counter()
@@ -208,9 +228,14 @@ def train_step(model, optimizer, x, y, step, warmup):
 
 def train(args, rank, world):
     """The run; returns its result (rank 0's is reported)."""
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(args.seed)
-    model = Net()
+    model = Net().to(device)
     (train_x, train_y), test = load(args.data, True), load(args.data, False)
+    train_x, train_y, test = train_x.to(device), train_y.to(device), tuple(t.to(device) for t in test)
     if world > 1:
         model = DistributedDataParallel(model)
     torch.manual_seed(args.seed + 1000003 * rank)  # each rank its own dropout masks
@@ -220,12 +245,18 @@ def train(args, rank, world):
     schedule, per_batch = make_schedule(args, optimizer, steps_per_epoch * args.epochs)
     shuffle = torch.Generator().manual_seed(args.seed)
     metrics = open(args.metrics, "w") if args.metrics and rank == 0 else None
+    if device.type == "cuda":
+        # Set-up, as mnist_mt's replicas do before their clock starts: the kernels loaded by
+        # one forward and backward on zeros (the weights stay as they are).
+        F.nll_loss(model(torch.zeros_like(train_x[:args.batch_size])), train_y[:args.batch_size]).backward()
+        optimizer.zero_grad(set_to_none=True)
     if world > 1:
         dist.barrier()
+    synchronize(device)
     watch = Watch(test, None if args.target_accuracy is None else args.target_accuracy / 100, rank, world)
     step, train_seconds = 0, 0.0
     for epoch in range(args.epochs):
-        order = torch.randperm(len(train_y), generator=shuffle)
+        order = torch.randperm(len(train_y), generator=shuffle).to(device)
         loss_sum, epoch_start, epoch_eval = 0.0, time.perf_counter(), 0.0
         for k in range(steps_per_epoch):
             idx = order[k * global_batch + rank * args.batch_size:][:args.batch_size]
@@ -239,6 +270,7 @@ def train(args, rank, world):
                     break
         if schedule is not None and not per_batch:
             schedule.step()
+        synchronize(device)
         seconds = time.perf_counter() - epoch_start - epoch_eval
         train_seconds += seconds
         taken = step - epoch * steps_per_epoch
@@ -262,13 +294,14 @@ def train(args, rank, world):
         "steps": step, "steps_per_epoch": steps_per_epoch, "global_batch": global_batch,
         "images_per_s": step * global_batch / train_seconds,
         "layout": (f"DDP over gloo, {world} processes x {args.threads_per_rank} threads" if world > 1
+                   else f"1 process on {torch.cuda.get_device_name(device)}" if device.type == "cuda"
                    else f"1 process x {args.threads} threads"),
         "ranks": world, "threads": world * args.threads_per_rank, "evals": watch.evals,
         "settings": {k: getattr(args, k) for k in ("recipe", "optimizer", "lr", "momentum", "nesterov",
                                                    "weight_decay", "betas", "eps", "rho", "lr_schedule",
                                                    "lr_step", "gamma", "warmup", "batch_size", "epochs",
                                                    "seed", "eval_every")},
-        **torch_build(),
+        **torch_build(device),
     }
 
 
@@ -299,6 +332,8 @@ def main(argv=None):
         mp.start_processes(rank_main, args=(args, free_port(), queue), nprocs=args.ranks, start_method="spawn")
         result = queue.get()
     print(json.dumps(result), flush=True)
+    if args.result:
+        Path(args.result).write_text(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":
