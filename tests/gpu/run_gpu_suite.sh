@@ -20,7 +20,7 @@
 # The checks, each under a time limit: the GPU test binaries (collectives over NCCL and
 # in the local group of ranks sharing one GPU; the replica, each kernel and the trainer
 # against the CPU backend, judged by saved checkpoints), PyTorch on the same GPU taking the same 200
-# steps from the same weights (step_trace + torch_compare.py, TF32 off), one epoch of
+# steps from the same weights (step_trace + torch_compare.py, TF32 off, then both with TF32), one epoch of
 # training, a worker fault (exit 3, no hang), the step benchmark with each operation of the
 # step timed on its own (op_table.py: a table in summary.txt), PyTorch's step timed on
 # the same GPU (torch_speed.py: eager, torch.compile, reduce-overhead, one captured CUDA
@@ -228,15 +228,37 @@ gtest test_cuda_replica all 50
 gtest test_cuda_trainer one-rank 70 "-$shared_trainer"
 gtest test_cuda_comm nccl 30 '*/Nccl:CudaCommAnywhere.*'
 
-# PyTorch on the same GPU takes the steps mnist_mt took: gradients, then the loss curve.
-run_logged step_trace 30 "$bin/step_trace" --backend cuda --data "$data_dir" --out "$work/trace" --steps 200
-if [ "$code" != 0 ]; then record torch_compare FAIL "step_trace exit $code"
-else
-  run_logged torch_compare 50 python3 "$bin/torch_compare.py" --trace "$work/trace" --data "$data_dir" --device cuda \
-    --json "$out/torch_compare.json"
+# PyTorch on the same GPU takes the steps mnist_mt took: gradients, then the loss curve;
+# in fp32 (TF32 off on both sides), then with TF32 (--precision tf32 against PyTorch with
+# TF32 allowed for convolutions and matrix products). TF32 keeps 10 of float32's 23 bits
+# of mantissa (a product's relative rounding up to 2^-11, about 4.9e-4, against 6e-8),
+# so its limits are set from that, before any run: step 0's gradients 1e-2 normwise, the
+# first 20 losses 5e-3, the means of 20 steps 3% as in fp32. Both results go into
+# torch_compare.json, by precision.
+compare_steps() {  # compare_steps PRECISION [torch_compare.py's limits...]
+  local precision=$1 name=torch_compare
+  shift
+  [ "$precision" = fp32 ] || name=torch_compare_$precision
+  run_logged "step_trace_$precision" 30 "$bin/step_trace" --backend cuda --data "$data_dir" \
+    --out "$work/trace_$precision" --steps 200 --precision "$precision"
+  if [ "$code" != 0 ]; then record "$name" FAIL "step_trace exit $code"; return; fi
+  run_logged "$name" 50 python3 "$bin/torch_compare.py" --trace "$work/trace_$precision" --data "$data_dir" \
+    --device cuda --json "$work/compare_$precision.json" "$@"
   detail=$(grep -E '^(step 0|first|loss curve)' "$log" | tail -n 3 | sed 's/: \(PASS\|FAIL\)$//' | paste -sd ';')
-  [ "$code" = 0 ] && record torch_compare PASS "$detail" || record torch_compare FAIL "exit $code; $detail"
-fi
+  [ "$code" = 0 ] && record "$name" PASS "$detail" || record "$name" FAIL "exit $code; $detail"
+}
+compare_steps fp32
+compare_steps tf32 --grad-tol 1e-2 --track-tol 5e-3 --window-tol 0.03
+python3 - "$out/torch_compare.json" "$work"/compare_*.json <<'PY' 2>>"$log"
+import json, sys
+merged = {}
+for path in sys.argv[2:]:
+    try:
+        merged[path.rsplit("compare_", 1)[-1][:-5]] = json.load(open(path))
+    except (OSError, ValueError) as e:
+        merged[path] = str(e)
+json.dump(merged, open(sys.argv[1], "w"))
+PY
 
 # One epoch with the template's settings on one GPU.
 run_logged train_gpu 45 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --lr 0.01 --momentum 0.9 --seed 1 \

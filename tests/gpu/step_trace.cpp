@@ -3,7 +3,7 @@
 // step's loss, and each step's samples and dropout masks. The batches are the first N
 // of epoch 0's order for one rank, as the trainer takes them.
 //   step_trace --backend cuda|cpu --data DIR --out DIR [--steps N] [--batch B]
-//              [--precision fp32|bf16] ...
+//              [--precision fp32|tf32|bf16] ...   (tf32: --backend cuda only)
 // Writes OUT/init.safetensors, OUT/grads.safetensors (step 0's gradients, in the
 // parameters' places), OUT/masks.bin (per step, per sample: kFlat then kHidden bytes,
 // 1 = kept) and OUT/trace.json.
@@ -82,6 +82,8 @@ void trace(const Options& o) {
   BackendOptions options;
   options.deterministic = o.deterministic;
   options.precision = o.precision == "bf16" ? Precision::kBf16 : Precision::kFp32;
+  options.tf32 = o.precision == "tf32";
+  if (options.tf32 && o.backend != "cuda") throw InputError("--precision tf32 runs on --backend cuda only");
   auto backend = o.backend == "cpu" ? make_cpu_backend(options) : make_cuda_backend(options);
   const int ids[] = {0};
   auto devices = backend->make_devices(ids);
@@ -138,7 +140,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr);
   app.add_option("--momentum", o.momentum);
   app.add_flag("--deterministic", o.deterministic);
-  app.add_option("--precision", o.precision)->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--precision", o.precision)->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   CLI11_PARSE(app, argc, argv);
   try {
     mnist_mt::trace(o);

@@ -3,7 +3,7 @@
 
 The template's network and SGD, from step_trace's initial weights, on the same samples
 with the same dropout masks (applied as mask * 1/(1-p), which is what dropout does), on
-the device given, with TF32 off. Checks step 0's gradients tensor by tensor (normwise,
+the device given, with TF32 off (but for a tf32 trace, below). Checks step 0's gradients tensor by tensor (normwise,
 within --grad-tol) and the loss curve: the first --track-steps steps each within
 --track-tol (relative), and the mean of every --window steps within --window-tol. Step
 by step the two runs separate as any two roundings of SGD do (measured on one CPU:
@@ -16,6 +16,11 @@ multiplies in float32, which is exact (the product of two bfloat16 values fits a
 the same arithmetic up to the order of the sums; --reference autocast runs fc1 and fc2
 under torch.autocast("cpu", torch.bfloat16) as a PyTorch user would, which also rounds
 their outputs to bfloat16 and so needs looser limits (tests/test_torch_steps.sh states them).
+With a trace of `--precision tf32` (a GPU's cuDNN convolutions and cuBLAS products on TF32
+tensor cores; mnist_mt's own kernels, conv1 and fc2 with the loss, stay float32), PyTorch
+takes the steps with TF32 allowed for its convolutions and matrix products alike
+(torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32): the same setting,
+not the same arithmetic, so the limits are TF32's (the GPU suite gives them).
 Prints one line per check and writes --json; exit 0 when all pass, 1 when not, 2 on
 bad input.
 
@@ -165,8 +170,13 @@ def main():
     masks = torch.frombuffer(bytearray(masks), dtype=torch.uint8).reshape(steps, batch, flat + hidden)
 
     precision = trace.get("precision", "fp32")
-    if precision not in ("fp32", "bf16"):
-        fail_input(f"{args.trace}/trace.json: precision {precision!r}, not fp32 or bf16")
+    if precision not in ("fp32", "tf32", "bf16"):
+        fail_input(f"{args.trace}/trace.json: precision {precision!r}, not fp32, tf32 or bf16")
+    if precision == "tf32":
+        if device.type != "cuda":
+            fail_input(f"{args.trace}/trace.json: a tf32 trace is compared on a GPU (--device cuda)")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     products = args.reference if precision == "bf16" else "fp32"
     net = Net(products).to(device)
     init = read_safetensors(os.path.join(args.trace, "init.safetensors"))
