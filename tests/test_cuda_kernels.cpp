@@ -153,7 +153,7 @@ TEST_F(Input, GatherPlannedTakesTheStepItsCounterNames) {
   for (auto& l : labels) l = static_cast<std::uint8_t>(rng() % 10);
   const auto d_split = upload(split, stream());
   const auto d_labels = upload(labels, stream());
-  for (const std::uint32_t n : {1u, 3u, 64u}) {
+  for (const std::uint32_t n : kBatches) {
     std::vector<std::uint32_t> plan{9, 1};  // epoch 9, from step 1
     for (std::uint32_t k = 0; k < kSteps * n; ++k) plan.push_back((k * 211u + 7u) % kSplit);
     auto d_plan = upload(plan, stream());

@@ -409,60 +409,134 @@ TEST(CudaReplica, ABatchGatheredFromTheHeldDataTrainsAsItsCopy) {
 
 // An epoch planned on the device (Replica::plan_epoch): set_input() of the planned
 // batches in order copies nothing and forward() gathers each step's rows, bit for bit as
-// copied batches train; a batch out of the plan's order ends the plan, and is copied.
-TEST(CudaReplica, APlannedEpochTrainsAsItsCopiedBatches) {
-  const Dataset data = dataset_of(120, 24);
-  auto cuda = make_cuda_backend({});
-  const std::vector<float> params = initial_parameters(24);
-  constexpr std::uint32_t kRows = 8;
-  std::vector<std::uint32_t> plan;
-  for (std::uint32_t k = 0; k < 5 * kRows; ++k) plan.push_back((k * 53u + 3u) % data.train.size());
-  const auto batch_at = [&](std::uint32_t step, bool blank) {
-    Batch b = batch_of(data.train, kRows);
+// copied batches train. A batch out of the plan's order is an error and ends the plan;
+// the same batch again is then gathered by its indices. A step whose recording is dropped
+// (as StepGraphs drops a failed one, then enqueues the step) still gathers its rows once.
+class PlannedEpoch : public ::testing::Test {
+ protected:
+  static constexpr std::uint32_t kRows = 8;
+  static constexpr DropoutKey kPlanKey{7, 3};  // the batches' epoch: a recorded forward checks it
+
+  void SetUp() override {
+    for (std::uint32_t k = 0; k < 5 * kRows; ++k) plan_.push_back((k * 53u + 3u) % data_.train.size());
+  }
+
+  // Step `step` of the plan as the loader hands it; `blank`: its host images and labels
+  // zero, so that only a gather can train on the right ones.
+  Batch batch_at(std::uint32_t step, bool blank) const {
+    Batch b = batch_of(data_.train, kRows);
+    b.step = step;
     for (std::uint32_t r = 0; r < kRows; ++r) {
-      b.indices[r] = plan[step * kRows + r];
-      b.labels[r] = blank ? 0 : data.train.labels[b.indices[r]];
+      b.indices[r] = plan_[step * kRows + r];
+      b.labels[r] = blank ? 0 : data_.train.labels[b.indices[r]];
       for (std::size_t p = 0; p < kImageBytes; ++p)
-        b.images[r * kImageBytes + p] = blank ? 0 : data.train.image(b.indices[r])[p];
+        b.images[r * kImageBytes + p] = blank ? 0 : data_.train.image(b.indices[r])[p];
     }
     return b;
+  }
+
+  struct Run {
+    std::unique_ptr<Backend> backend = make_cuda_backend({});
+    std::vector<std::unique_ptr<Device>> devices;
+    std::unique_ptr<Replica> replica;
+    std::vector<float> trained;  // each step's log-probabilities, then the parameters
   };
-  // Steps 0, 1, 2 as planned, then step 4 (out of order), then step 3.
-  const std::uint32_t order[] = {0, 1, 2, 4, 3};
-  const auto run = [&](Backend& backend, bool planned) {
+
+  Run start(bool planned) const {
+    Run run;
     const int ids[] = {0};
-    auto devices = backend.make_devices(ids);
-    devices[0]->activate();
-    auto replica = backend.make_replica(*devices[0], kRows);
-    const Samples splits[] = {data.train.samples(), data.test.samples()};
-    replica->hold_data(splits);
-    replica->write_params(params);
-    if (planned) replica->plan_epoch(data.train.images.data(), 3, plan, kRows);
-    std::vector<float> logprobs(kRows * kClasses), all;
-    std::vector<int> slots;
-    for (const std::uint32_t step : order) {
-      Batch b = batch_at(step, planned && step < 3);  // only a gather can see the blanked images
-      if (!planned) b.split_images = nullptr;
-      replica->set_input(b);
-      slots.push_back(replica->input_buffer());
-      replica->forward(true, kKey, kRows);
-      replica->backward([](int) {});
-      replica->update(kSgd);
-      replica->read_logprobs(logprobs);
-      all.insert(all.end(), logprobs.begin(), logprobs.end());
+    run.devices = run.backend->make_devices(ids);
+    run.devices[0]->activate();
+    run.replica = run.backend->make_replica(*run.devices[0], kRows);
+    const Samples splits[] = {data_.train.samples(), data_.test.samples()};
+    run.replica->hold_data(splits);
+    run.replica->write_params(params_);
+    if (planned) EXPECT_TRUE(run.replica->plan_epoch(data_.train.images.data(), 3, plan_, kRows));
+    return run;
+  }
+
+  // The step after set_input(): forward (recorded and dropped first, if asked), backward,
+  // update; its log-probabilities kept.
+  static void train(Run& run, bool dropped_recording = false) {
+    if (dropped_recording) {
+      run.devices[0]->begin_record();
+      run.replica->forward(true, kPlanKey, kRows);
+      std::string why = "dropped";
+      EXPECT_EQ(run.devices[0]->end_record(why), nullptr);
     }
+    run.replica->forward(true, kPlanKey, kRows);
+    run.replica->backward([](int) {});
+    run.replica->update(kSgd);
+    std::vector<float> logprobs(kRows * kClasses);
+    run.replica->read_logprobs(logprobs);
+    run.trained.insert(run.trained.end(), logprobs.begin(), logprobs.end());
+  }
+
+  static std::vector<float> finish(Run& run) {
     std::vector<float> after(kParamCount);
-    replica->read_params(after);
-    all.insert(all.end(), after.begin(), after.end());
-    return std::pair(all, slots);
-  };
-  const auto [planned, planned_slots] = run(*cuda, true);
-  const auto [copied, copied_slots] = run(*cuda, false);
-  expect_same_bits(planned, copied, "log-probabilities of each step and the parameters after");
-  EXPECT_EQ(std::vector<int>(planned_slots.begin(), planned_slots.begin() + 3), std::vector<int>(3, 2))
+    run.replica->read_params(after);
+    run.trained.insert(run.trained.end(), after.begin(), after.end());
+    return run.trained;
+  }
+
+  // The same steps with their batches copied.
+  std::vector<float> copied(std::initializer_list<std::uint32_t> steps) const {
+    Run run = start(false);
+    for (const std::uint32_t step : steps) {
+      Batch b = batch_at(step, false);
+      b.split_images = nullptr;
+      run.replica->set_input(b);
+      train(run);
+    }
+    return finish(run);
+  }
+
+  const Dataset data_ = dataset_of(120, 24);
+  const std::vector<float> params_ = initial_parameters(24);
+  std::vector<std::uint32_t> plan_;
+};
+
+TEST_F(PlannedEpoch, TrainsAsItsCopiedBatches) {
+  Run run = start(true);
+  std::vector<int> slots;
+  for (const std::uint32_t step : {0u, 1u, 2u}) {
+    run.replica->set_input(batch_at(step, true));
+    slots.push_back(run.replica->input_buffer());
+    train(run);
+  }
+  EXPECT_THROW(run.replica->set_input(batch_at(4, false)), RuntimeFailure) << "step 4 is not the plan's next";
+  for (const std::uint32_t step : {4u, 3u}) {  // the plan ended: gathered by their indices
+    run.replica->set_input(batch_at(step, false));
+    slots.push_back(run.replica->input_buffer());
+    train(run);
+  }
+  expect_same_bits(finish(run), copied({0, 1, 2, 4, 3}), "log-probabilities of each step and the parameters after");
+  EXPECT_EQ(std::vector<int>(slots.begin(), slots.begin() + 3), std::vector<int>(3, 2))
       << "the planned steps read the plan's buffer";
-  EXPECT_NE(planned_slots[3], 2);
-  EXPECT_NE(planned_slots[4], 2) << "the plan ended at the batch out of its order";
+  EXPECT_NE(slots[3], 2);
+  EXPECT_NE(slots[4], 2);
+}
+
+TEST_F(PlannedEpoch, AStepWhoseRecordingIsDroppedGathersItsRowsOnce) {
+  Run run = start(true);
+  for (const std::uint32_t step : {0u, 1u}) {
+    run.replica->set_input(batch_at(step, true));
+    train(run, step == 0);
+  }
+  expect_same_bits(finish(run), copied({0, 1}), "log-probabilities of each step and the parameters after");
+}
+
+TEST_F(PlannedEpoch, APlanThatDoesNotFitIsNone) {
+  Run run = start(false);
+  const std::uint8_t elsewhere[kImageBytes] = {};
+  EXPECT_FALSE(run.replica->plan_epoch(elsewhere, 3, plan_, kRows)) << "a split not held";
+  EXPECT_FALSE(run.replica->plan_epoch(data_.train.images.data(), 3, plan_, kRows + 1)) << "rows over the maximum";
+  std::vector<std::uint32_t> past = plan_;
+  past[5] = data_.train.size();
+  EXPECT_FALSE(run.replica->plan_epoch(data_.train.images.data(), 3, past, kRows)) << "an index past the split";
+  EXPECT_FALSE(run.replica->plan_epoch(data_.train.images.data(), 3, {}, kRows)) << "no samples";
+  run.replica->set_input(batch_at(0, false));  // with no plan, any order
+  EXPECT_NE(run.replica->input_buffer(), 2);
 }
 
 // Ranks that share a GPU share one copy of a split; another content is another copy.

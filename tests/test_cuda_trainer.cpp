@@ -169,17 +169,17 @@ TEST(CudaTrainer, AReplayedStepGraphTrainsWhatTheEnqueuedStepTrains) {
 }
 
 // The data set held in GPU memory (the default) against batches copied from the host
-// (--no-device-data): every bit of the trained parameters, momentum included, and the
-// evaluation, for the replayed ddp step (which gathers its rows by the device's step
-// counter, Replica::plan_epoch) into a second epoch, with evaluations between its steps
-// (a target that is never reached), and for --mode dp.
+// (--no-device-data): every bit of the saved parameters and momentum, and the evaluation,
+// for the replayed ddp step (which gathers its rows by the device's step counter,
+// Replica::plan_epoch, as planned_input says) into a second epoch, with evaluations
+// between its steps (a target that is never reached), and for --mode dp (device 0's
+// batch gathered by its indices, no plan).
 TEST(CudaTrainer, TheDataHeldOnTheGpuTrainsAsTheCopiedBatches) {
   BackendOptions held, copied;
   held.deterministic = copied.deterministic = true;
   copied.device_data = false;
-  auto on_gpu = make_cuda_backend(held);
-  auto from_host = make_cuda_backend(copied);
   for (const Mode mode : {Mode::kDdp, Mode::kDp}) {
+    const char* name = mode == Mode::kDp ? "dp" : "ddp";
     TrainConfig c = config_for({0}, 64, mode);
     c.optimizer.momentum = 0.9f;
     c.max_steps = kSteps / 2;
@@ -187,12 +187,26 @@ TEST(CudaTrainer, TheDataHeldOnTheGpuTrainsAsTheCopiedBatches) {
     c.evaluate = true;
     c.target_accuracy = 1.0;
     c.eval_every = 3;
-    const TrainResult a = train(*on_gpu, dataset(), c);
-    const TrainResult b = train(*from_host, dataset(), c);
-    EXPECT_EQ(a.params, b.params) << (mode == Mode::kDp ? "dp" : "ddp");
+    const auto run = [&](const BackendOptions& options, TrainResult& result) {
+      const auto path = temp_file(options.device_data ? "held" : "copied");
+      TrainConfig saving = c;
+      saving.save = path;
+      auto backend = make_cuda_backend(options);
+      result = train(*backend, dataset(), saving);
+      Checkpoint saved = load_checkpoint(path);
+      std::filesystem::remove(path);
+      return saved;
+    };
+    TrainResult a, b;
+    const Checkpoint on_gpu = run(held, a);
+    const Checkpoint from_host = run(copied, b);
+    EXPECT_EQ(on_gpu.params, from_host.params) << name;
+    EXPECT_EQ(on_gpu.state.first, from_host.state.first) << name;
     ASSERT_FALSE(a.epochs.empty());
-    EXPECT_EQ(a.epochs.back().test_accuracy, b.epochs.back().test_accuracy);
-    EXPECT_EQ(a.epochs.back().test_loss, b.epochs.back().test_loss);
+    EXPECT_EQ(a.epochs.back().test_accuracy, b.epochs.back().test_accuracy) << name;
+    EXPECT_EQ(a.epochs.back().test_loss, b.epochs.back().test_loss) << name;
+    EXPECT_EQ(a.epochs.back().planned_input, mode == Mode::kDdp) << name;
+    EXPECT_FALSE(b.epochs.back().planned_input) << name;
   }
 }
 

@@ -78,17 +78,22 @@ class Replica {
   // them in device memory does (GPUs, unless BackendOptions::device_data is off: once per
   // GPU, as uint8), and set_input() of a batch of one of them (Batch::split_images) then
   // copies only the batch's sample indices and gathers its rows on the device. Others
-  // ignore them. Replaces what an earlier call held.
+  // ignore them. Once, at setup (a recorded step holds their addresses).
   virtual void hold_data(std::span<const Samples> /*splits*/) {}
   // A rank's training samples of one epoch (Loader::rank_samples), `rows` a step, of the
-  // split whose images are `split_images`: a replica holding that split keeps them too,
-  // and set_input() of the batch that is next among them then copies nothing: forward()
-  // gathers its rows by a step counter on the device, so a recorded step replays alone.
-  // Others ignore it.
-  virtual void plan_epoch(const std::uint8_t* /*split_images*/, std::uint32_t /*epoch*/,
-                          std::span<const std::uint32_t> /*samples*/, std::uint32_t /*rows*/) {}
-  // Copies the batch to the device and normalises it, (x/255 - mean)/std. The batch's
-  // host memory may be reused once this returns.
+  // split whose images are `split_images`: a replica holding that split keeps them too
+  // and returns true; set_input() of the batch that is next among them then copies
+  // nothing, input() is written by forward(), which gathers the rows by a step counter on
+  // the device (so a recorded step replays alone), and input_buffer() is a third buffer.
+  // A batch of that split and epoch out of the plan's order is an error (RuntimeFailure),
+  // and ends the plan. Empty `samples`: no plan. Others return false.
+  virtual bool plan_epoch(const std::uint8_t* /*split_images*/, std::uint32_t /*epoch*/,
+                          std::span<const std::uint32_t> /*samples*/, std::uint32_t /*rows*/) {
+    return false;
+  }
+  // Copies the batch to the device and normalises it, (x/255 - mean)/std (a batch of a
+  // held split: gathers it there by its indices; a planned one: forward() does). The
+  // batch's host memory may be reused once this returns.
   virtual void set_input(const Batch& batch) = 0;
   // Forward pass and loss of the current input. `train` applies dropout. The gradient
   // the next backward() starts from is d(sum of NLL)/d(logits) / loss_denominator:
@@ -110,8 +115,9 @@ class Replica {
   // fed this way computes no loss.
   virtual void set_scattered_input(std::span<const std::uint32_t> samples) = 0;
   // Which of the replica's input buffers the last set_input() or set_scattered_input()
-  // filled: GPUs alternate two, so that an upload overlaps the step before it. A recorded
-  // step reads the buffer it was recorded with.
+  // filled: GPUs alternate two, so that an upload overlaps the step before it, and a
+  // planned batch (plan_epoch) is a third. A recorded step reads the buffer it was
+  // recorded with.
   virtual int input_buffer() const { return 0; }
   // Flat device buffers of max_batch() rows: the normalised images (kImageBytes floats a
   // row), the output rows the loss reads (kClasses floats; on GPUs fc2's output before

@@ -173,6 +173,9 @@ struct EpochMetrics {
   // --mode ddp with recorded steps (GPUs): the nodes of world rank 0's recorded step (a
   // CUDA graph's kernels, copies, event records and waits), as a replay launches them.
   std::optional<std::uint64_t> graph_nodes;
+  // --mode ddp: every rank took the epoch's steps from a plan on its GPU, each step's
+  // rows gathered there (Replica::plan_epoch): no copy from the host.
+  bool planned_input = false;
 };
 
 struct Interruption {  // a run stopped by StopRequest::stop

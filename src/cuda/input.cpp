@@ -39,8 +39,9 @@ InputStage::InputStage(CudaDevice& device, std::uint32_t max_batch, bool hold_da
 }
 
 InputStage::~InputStage() {
-  // The pinned slots may still be the source of an upload in flight.
+  // The pinned slots and the plan's may still be the source of an upload in flight.
   for (Slot& s : slots_) cudaEventSynchronize(s.uploaded.get());
+  if (plan_.uploaded.get() != nullptr) cudaEventSynchronize(plan_.uploaded.get());
 }
 
 DeviceBatch InputStage::upload(const Batch& batch) {
@@ -81,8 +82,19 @@ void InputStage::hold(std::span<const Samples> splits) {
   planned_ = pending_ = false;
   held_.clear();
   if (!hold_data_) return;
+  std::uint32_t largest = 0;
   for (const Samples& split : splits) {
-    if (auto on_device = hold_split(device_, split)) held_.push_back({split.images.data(), std::move(on_device)});
+    if (auto on_device = hold_split(device_, split)) {
+      largest = std::max(largest, on_device->size());
+      held_.push_back({split.images.data(), std::move(on_device)});
+    }
+  }
+  if (largest > 0 && plan_.device.size() < kPlanHeader + largest) {
+    plan_.host = PinnedBuffer<std::uint32_t>(kPlanHeader + largest);
+    plan_.device = DeviceBuffer<std::uint32_t>(kPlanHeader + largest);
+    plan_.uploaded = make_event();
+    plan_.samples = DeviceBuffer<std::uint32_t>(max_batch_);
+    plan_.labels = DeviceBuffer<std::uint8_t>(max_batch_);
   }
 }
 
@@ -97,25 +109,18 @@ const HeldSplit* InputStage::held_for(const Batch& batch) const {
   return nullptr;
 }
 
-void InputStage::plan(const std::uint8_t* split_images, std::uint32_t epoch, std::span<const std::uint32_t> samples,
+bool InputStage::plan(const std::uint8_t* split_images, std::uint32_t epoch, std::span<const std::uint32_t> samples,
                       std::uint32_t rows) {
   device_.activate();
   plan_.steps = 0;
   planned_ = pending_ = false;
   const auto held = std::find_if(held_.begin(), held_.end(), [&](const Held& h) { return h.host_images == split_images; });
-  if (held == held_.end() || rows == 0 || rows > max_batch_ || samples.empty() || samples.size() % rows != 0) return;
+  if (held == held_.end() || rows == 0 || rows > max_batch_ || samples.empty() || samples.size() % rows != 0)
+    return false;
   const HeldSplit& split = *held->split;
-  if (std::any_of(samples.begin(), samples.end(), [&](std::uint32_t s) { return s >= split.size(); })) return;
+  if (std::any_of(samples.begin(), samples.end(), [&](std::uint32_t s) { return s >= split.size(); })) return false;
   const std::size_t words = kPlanHeader + samples.size();
-  if (plan_.device.size() == 0) {
-    const std::size_t capacity = kPlanHeader + split.size();
-    plan_.host = PinnedBuffer<std::uint32_t>(capacity);
-    plan_.device = DeviceBuffer<std::uint32_t>(capacity);
-    plan_.uploaded = make_event();
-    plan_.samples = DeviceBuffer<std::uint32_t>(max_batch_);
-    plan_.labels = DeviceBuffer<std::uint8_t>(max_batch_);
-  }
-  if (words > plan_.device.size()) return;
+  if (words > plan_.device.size()) return false;
   CUDA_CHECK(cudaEventSynchronize(plan_.uploaded.get()));  // the last plan's upload has read `host`
   plan_.host.data()[kPlanEpoch] = epoch;
   plan_.host.data()[kPlanStep] = 0;
@@ -130,6 +135,7 @@ void InputStage::plan(const std::uint8_t* split_images, std::uint32_t epoch, std
   plan_.rows = rows;
   plan_.steps = static_cast<std::uint32_t>(samples.size() / rows);
   plan_.next = 0;
+  return true;
 }
 
 bool InputStage::is_planned_next(const Batch& batch) const {
@@ -140,7 +146,8 @@ bool InputStage::is_planned_next(const Batch& batch) const {
 
 void InputStage::gather_planned(float* x, float mean, float std) {
   if (!pending_) return;
-  pending_ = false;
+  // A recording runs nothing: if it is dropped, the step is enqueued again, gather and all.
+  if (!device_.recording()) pending_ = false;
   cuda::gather_planned(plan_.device.data(), plan_.rows, plan_.split->images(), plan_.split->labels(), x,
                        plan_.samples.data(), plan_.labels.data(), mean, std, device_.compute());
 }
@@ -148,12 +155,15 @@ void InputStage::gather_planned(float* x, float mean, float std) {
 DeviceBatch InputStage::load(const Batch& batch, float* x, float mean, float std) {
   planned_ = pending_ = false;
   if (plan_.steps != 0 && batch.split_images == plan_.host_images && batch.epoch == plan_.epoch) {
-    if (is_planned_next(batch)) {
-      ++plan_.next;
-      planned_ = pending_ = true;
-      return {plan_.rows, nullptr, plan_.labels.data(), plan_.samples.data(), plan_.device.data() + kPlanEpoch};
+    if (!is_planned_next(batch)) {
+      plan_.steps = 0;  // out of step with the device's counter
+      throw RuntimeFailure(device_.name() + ": a batch of epoch " + std::to_string(batch.epoch) + " (step " +
+                           std::to_string(batch.step) + ") is not step " + std::to_string(plan_.next) +
+                           " of the epoch's plan");
     }
-    plan_.steps = 0;  // out of step with the device's counter: copied from here on
+    ++plan_.next;
+    planned_ = pending_ = true;
+    return {plan_.rows, nullptr, plan_.labels.data(), plan_.samples.data(), plan_.device.data() + kPlanEpoch};
   }
   const HeldSplit* held = held_for(batch);
   if (held == nullptr) {

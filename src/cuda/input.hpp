@@ -48,13 +48,16 @@ class InputStage {
   DeviceBatch load(const Batch& batch, float* x, float mean, float std);
   // A rank's epoch of training samples of a held split (Replica::plan_epoch), copied to
   // the device with the epoch and a step counter: load() of the batch that is next among
-  // them then copies nothing, and gather_planned() enqueues its gather. A plan that does
-  // not fit (another split, rows over the maximum, indices past the split) is none.
-  void plan(const std::uint8_t* split_images, std::uint32_t epoch, std::span<const std::uint32_t> samples,
+  // them then copies nothing, and gather_planned() enqueues its gather; true. A plan that
+  // does not fit (a split not held, rows over the maximum, indices past the split, none)
+  // is none: false. A batch of the plan's split and epoch out of its order throws.
+  bool plan(const std::uint8_t* split_images, std::uint32_t epoch, std::span<const std::uint32_t> samples,
             std::uint32_t rows);
-  // After load() of a planned batch, once, on the compute stream (inside a recorded step,
-  // so that each replay takes the next step's rows): the rows into x as load() writes
-  // them, from the device's step counter, which it advances. Otherwise nothing.
+  // After load() of a planned batch, on the compute stream (inside a recorded step, so
+  // that each replay takes the next step's rows): the rows into x as load() writes them,
+  // from the device's step counter, which it advances. Once per load() when enqueued as
+  // it runs; while recording, again if the recording is dropped and the step enqueued
+  // (StepGraphs). Otherwise nothing.
   void gather_planned(float* x, float mean, float std);
   // The compute stream's work enqueued so far is the last to read the current slot: the
   // upload that next overwrites it waits for that work. Nothing for a planned batch.
@@ -77,8 +80,9 @@ class InputStage {
   const HeldSplit* held_for(const Batch& batch) const;
   bool is_planned_next(const Batch& batch) const;
 
-  // The device's plan and its buffers, made at the first plan() for a whole split, so that
-  // the pointers a recorded step holds stay; steps == 0: nothing planned.
+  // The device's plan and its buffers, made by hold() for the largest split held (no
+  // allocation once collectives run), so that the pointers a recorded step holds stay;
+  // steps == 0: nothing planned.
   struct Plan {
     const std::uint8_t* host_images = nullptr;  // the split's, as batches name it
     const HeldSplit* split = nullptr;           // held in held_

@@ -91,9 +91,9 @@ class CudaReplica final : public Replica {
   }
 
   void hold_data(std::span<const Samples> splits) override { input_.hold(splits); }
-  void plan_epoch(const std::uint8_t* split_images, std::uint32_t epoch, std::span<const std::uint32_t> samples,
+  bool plan_epoch(const std::uint8_t* split_images, std::uint32_t epoch, std::span<const std::uint32_t> samples,
                   std::uint32_t rows) override {
-    input_.plan(split_images, epoch, samples, rows);
+    return input_.plan(split_images, epoch, samples, rows);
   }
 
   void set_scattered_input(std::span<const std::uint32_t> samples) override {

@@ -102,9 +102,7 @@ class DdpWorker {
       const auto lease = run_.loaders().acquire(epoch, true);
       const std::uint32_t first = run_.first_step(epoch);
       skip(lease.loader(), first);
-      if (batches_.size() == 1)  // a GPU holding the data gathers each step's rows itself
-        replica_->plan_epoch(lease.loader().split_images(), epoch, lease.loader().rank_samples(first_shard_, first),
-                             run_.shard_batch());
+      plan_epoch(lease.loader(), epoch, first, m);
       Replica* rank0 = run_.global(rank_) == 0 ? replica_.get() : nullptr;
       const bool done = run_.train_steps(
           rank_, m, first, run_.steps_in_epoch(lease.loader().steps()), rank0, step_, train,
@@ -161,6 +159,19 @@ class DdpWorker {
     for (std::uint32_t k = 0; k < steps; ++k) next_batches(loader);
   }
 
+  // A GPU holding the data gathers each step's rows itself (Replica::plan_epoch). Every
+  // rank does, or none: which steps record a new CUDA graph, and so join the host
+  // collective of StepGraphs::run, must be the same on every rank.
+  void plan_epoch(const Loader& loader, std::uint32_t epoch, std::uint32_t first, EpochMetrics& m) {
+    const bool can = batches_.size() == 1 &&
+                     replica_->plan_epoch(loader.split_images(), epoch, loader.rank_samples(first_shard_, first),
+                                          run_.shard_batch());
+    std::array<double, 1> ranks_planning{can ? 1.0 : 0.0};
+    comm_.allreduce_host(ranks_planning);
+    m.planned_input = ranks_planning[0] == comm_.size();
+    if (can && !m.planned_input) replica_->plan_epoch(nullptr, epoch, {}, run_.shard_batch());
+  }
+
   // This rank's shards' batches of the next step (Run::shards), in batches_.
   void next_batches(Loader& loader) {
     for (std::size_t s = 0; s < batches_.size(); ++s) {
@@ -170,7 +181,8 @@ class DdpWorker {
   }
 
   // Enqueues one step. The host waits only for the batch, and in set_input() for the
-  // previous step's input copy, which bounds how far it runs ahead of the device. (With
+  // previous step's input copy, which bounds how far it runs ahead of the device (a
+  // planned step copies nothing: only the reads of the stats every 16 steps hold it). (With
   // several shards, each later shard's set_input() waits for the shard before's copy,
   // which follows the previous step's work: such a rank runs ahead by less.)
   void step(Loader& loader, const DropoutKey& key, PhaseSeconds& phase) {

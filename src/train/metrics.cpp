@@ -55,6 +55,7 @@ void MetricsFile::write(const EpochMetrics& m) {
     out["bytes_sent_per_step"] = {{"conv1", (*bytes)[0]}, {"conv2", (*bytes)[1]}, {"fc1", (*bytes)[2]}, {"fc2", (*bytes)[3]}};
   }
   if (m.graph_nodes) out["graph_nodes"] = *m.graph_nodes;
+  if (m.planned_input) out["planned_input"] = true;
   if (m.time_to_target_s) {
     out["time_to_target_s"] = *m.time_to_target_s;
     out["target_eval_seconds"] = *m.target_eval_seconds;

@@ -123,7 +123,7 @@ class Run {
   Backend& backend() const { return backend_; }
   bool bf16_products() const { return backend_.precision() == Precision::kBf16; }
   const Dataset& data() const { return data_; }
-  // The training and test splits, for Replica::hold_data.
+  // The training and the test split, in this order, for Replica::hold_data.
   std::span<const Samples> samples() const { return samples_; }
   const TrainConfig& config() const { return config_; }
   // The parameters, optimizer state and loop state the run starts from.

@@ -14,7 +14,7 @@ void run_rank(Run& run, int rank, const TestShardPass& pass) noexcept {
   try {
     device.activate();
     const auto replica = run.backend().make_replica(device, run.config().batch);
-    replica->hold_data(run.samples());
+    replica->hold_data(run.samples().last(1));  // the test split: all an evaluation reads
     replica->write_params(run.start().params);
     const auto lease = run.loaders().acquire(run.start().epoch, false);
     pass(rank, *replica, lease.loader(), DropoutKey{run.start().seed, run.start().epoch});
