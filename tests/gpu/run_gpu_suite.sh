@@ -27,10 +27,12 @@
 # graph; set beside bench_step's by torch_speed_table.py in summary.txt), the time to 99%
 # test accuracy of --recipe fast against PyTorch's same recipe on the same GPU
 # (bench/pytorch/recipe.py --device cuda) and the allreduce benchmark.
-# The checks of one rank a GPU run first, those of ranks sharing one GPU last. A check
-# still running at its limit has each thread's stack written to the log (cuda-gdb), then
-# is killed; the suite stops starting checks after SUITE_SECONDS (540). torch_speed takes
-# what the checks before it left, at most 150 s, keeping the later checks' limits free.
+# The checks of one rank a GPU run first, then the time to 99%, then those of ranks
+# sharing one GPU; last, where time is left, the TF32 comparison and an epoch with copied
+# batches. A check still running at its limit has each thread's stack written to the log
+# (cuda-gdb), then is killed; the suite stops starting checks after SUITE_SECONDS (540).
+# torch_speed takes what the checks before it left, at most 150 s, keeping the limits of
+# the time to 99% and the shared-GPU checks free (not the last two's).
 # On a GPU host a skipped test is a failure. Writes to $OUT: summary.txt (date, GPU,
 # a verdict per check), suite.log (every check's output), gtest.json, torch_compare.json,
 # train_gpu.jsonl, bench_step.json, torch_speed.json, bench_allreduce.json. Ends with the line
@@ -221,7 +223,7 @@ gtest() {
   else record "$name" PASS "${took}s"; fi
 }
 # The limits of the checks after torch_speed, which it leaves free.
-shared_trainer_s=45 shared_comm_s=40 allreduce_s=30
+shared_trainer_s=45 shared_comm_s=40 allreduce_s=30 tta_s=70
 shared_trainer='CudaTrainer.RanksSharingTheGpu*:CudaTrainer.AFailingRankAmongPeers*:CudaTrainer.ResumingWithPeers*'
 gtest test_cuda_kernels all 45
 gtest test_cuda_replica all 50
@@ -247,18 +249,7 @@ compare_steps() {  # compare_steps PRECISION [torch_compare.py's limits...]
   detail=$(grep -E '^(step 0|first|loss curve)' "$log" | tail -n 3 | sed 's/: \(PASS\|FAIL\)$//' | paste -sd ';')
   [ "$code" = 0 ] && record "$name" PASS "$detail" || record "$name" FAIL "exit $code; $detail"
 }
-compare_steps fp32
-compare_steps tf32 --grad-tol 1e-2 --track-tol 5e-3 --window-tol 0.03
-python3 - "$out/torch_compare.json" "$work"/compare_*.json <<'PY' 2>>"$log"
-import json, sys
-merged = {}
-for path in sys.argv[2:]:
-    try:
-        merged[path.rsplit("compare_", 1)[-1][:-5]] = json.load(open(path))
-    except (OSError, ValueError) as e:
-        merged[path] = str(e)
-json.dump(merged, open(sys.argv[1], "w"))
-PY
+compare_steps fp32  # with TF32: at the end, where time is left
 
 # One epoch with the template's settings on one GPU.
 run_logged train_gpu 45 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --lr 0.01 --momentum 0.9 --seed 1 \
@@ -272,41 +263,11 @@ if [ "$code" = 0 ] && awk -v a="${accuracy:-0}" -v f="$floor" 'BEGIN { exit !(a 
   record train_gpu PASS "test accuracy $accuracy, $rate images/s, ${took}s"
 else record train_gpu FAIL "exit $code, test accuracy ${accuracy:-none}"; fi
 
-# The same epoch with its batches copied from the host each step (--no-device-data), the
-# way before the data set was held on the GPU: its rate beside the held one's.
-# (Its metrics stay in the work directory: the eight files of $OUT are taken.)
-run_logged train_gpu_copied 45 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --lr 0.01 --momentum 0.9 \
-  --seed 1 --data "$data_dir" --no-device-data --metrics "$work/train_gpu_copied.jsonl"
-copied=$(grep -o '"images_per_s": *[0-9.eE+-]*' "$work/train_gpu_copied.jsonl" 2>/dev/null | tail -n 1 | sed 's/.*: *//')
-copied_accuracy=$(grep -o '"test_accuracy": *[0-9.eE+-]*' "$work/train_gpu_copied.jsonl" 2>/dev/null | tail -n 1 |
-  sed 's/.*: *//')
-# Deterministic algorithms are not asked for here, so the accuracies may differ a little.
-if [ "$code" = 0 ] && [ -n "$copied" ]; then
-  record train_gpu_copied PASS "$copied images/s copied against $rate held; test accuracy $copied_accuracy, ${took}s"
-else record train_gpu_copied FAIL "exit $code"; fi
-
 # A worker fault at step 20: the process names the rank and exits 3, within seconds.
 run_logged fault_gpu 20 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --data "$data_dir" --max-steps 100 \
   --inject-fault 0:20
 if [ "$code" = 3 ] && tail -n 5 "$log" | grep -q "rank 0 failed at step 20"; then record fault_gpu PASS "exit 3 after ${took}s"
 else record fault_gpu FAIL "exit $code after ${took}s (want 3, naming rank 0 and step 20)"; fi
-
-# Time to 99% test accuracy (--recipe fast: AdamW, one-cycle, batch 128, at most 3 epochs,
-# the test set evaluated every 117 steps), seed 1: mnist_mt on the GPU, then PyTorch's same
-# recipe on the same GPU (bench/pytorch/recipe.py --device cuda: data on the GPU, TF32 off
-# as mnist_mt's fp32). Both clocks start at the first step, evaluations included.
-if [ "$data_name" != mnist ]; then
-  record time_to_99 FAIL "not run: the bundle carries $data_name (MNIST could not be fetched when packing)"
-else
-  run_logged tta_mnist_mt 45 "$bin/mnist_mt" --gpus 0 --recipe fast --seed 1 --target-accuracy 99 --eval-every 117 \
-    --data "$data_dir" --metrics "$work/tta.jsonl"
-  ours_code=$code ours_took=$took
-  run_logged tta_pytorch 60 python3 "$bin/recipe.py" --device cuda --data "$data_dir" --recipe fast --seed 1 \
-    --target-accuracy 99 --eval-every 117 --result "$work/tta_torch.json"
-  detail=$(python3 "$bin/time_to_99.py" --ours "$work/tta.jsonl" --theirs "$work/tta_torch.json" 2>>"$log")
-  if [ $? = 0 ] && [ "$ours_code" = 0 ] && [ "$code" = 0 ]; then record time_to_99 PASS "$detail"
-  else record time_to_99 FAIL "mnist_mt exit $ours_code after ${ours_took}s, PyTorch exit $code after ${took}s; $detail"; fi
-fi
 
 run_logged bench_step 90 "$bin/bench_step" --benchmark_filter='step/cuda(_eager|_tf32)?/|op/cuda/' \
   --benchmark_out="$out/bench_step.json" --benchmark_out_format=json
@@ -317,7 +278,7 @@ python3 "$bin/op_table.py" --bench-step "$out/bench_step.json" 2>&1 | sed 's/^/ 
 # PyTorch's step on the same GPU, timed, beside bench_step's. Its limit is what is left after
 # the later checks' limits (at most 150 s); the script skips, and names, the rows its
 # --budget-s (20 s short of the limit, for a row longer than estimated) has no room for.
-later=$((shared_trainer_s + shared_comm_s + (gpus >= 2 ? allreduce_s : 0)))
+later=$((tta_s + shared_trainer_s + shared_comm_s + (gpus >= 2 ? allreduce_s : 0)))
 speed_s=$((budget - SECONDS - later))
 [ "$speed_s" -gt 150 ] && speed_s=150
 if [ "$speed_s" -lt 30 ]; then
@@ -339,9 +300,53 @@ else
   record bench_allreduce N/A "one GPU: NCCL's allreduce needs two"
 fi
 
-# Ranks sharing one GPU, last.
+# Time to 99% test accuracy (--recipe fast: AdamW, one-cycle, batch 128, at most 3 epochs,
+# the test set evaluated every 117 steps), seed 1: mnist_mt on the GPU, then PyTorch's same
+# recipe on the same GPU (bench/pytorch/recipe.py --device cuda: data on the GPU, TF32 off
+# as mnist_mt's fp32). Both clocks start at the first step, evaluations included.
+if [ "$data_name" != mnist ]; then
+  record time_to_99 FAIL "not run: the bundle carries $data_name (MNIST could not be fetched when packing)"
+else
+  run_logged tta_mnist_mt 30 "$bin/mnist_mt" --gpus 0 --recipe fast --seed 1 --target-accuracy 99 --eval-every 117 \
+    --data "$data_dir" --metrics "$work/tta.jsonl"
+  ours_code=$code ours_took=$took
+  run_logged tta_pytorch 40 python3 "$bin/recipe.py" --device cuda --data "$data_dir" --recipe fast --seed 1 \
+    --target-accuracy 99 --eval-every 117 --result "$work/tta_torch.json"
+  detail=$(python3 "$bin/time_to_99.py" --ours "$work/tta.jsonl" --theirs "$work/tta_torch.json" 2>>"$log")
+  if [ $? = 0 ] && [ "$ours_code" = 0 ] && [ "$code" = 0 ]; then record time_to_99 PASS "$detail"
+  else record time_to_99 FAIL "mnist_mt exit $ours_code after ${ours_took}s, PyTorch exit $code after ${took}s; $detail"; fi
+fi
+
+# Ranks sharing one GPU, after every check whose seconds are kept free: a hang there
+# hides none of them.
 gtest test_cuda_trainer shared-gpu "$shared_trainer_s" "$shared_trainer"
 gtest test_cuda_comm shared-gpu "$shared_comm_s" '*/SharedGpu:CudaCommSharedGpu.*:CudaCommAbort.*'
+# Where time is left (nothing above keeps their seconds free): PyTorch's 200 steps with
+# TF32 beside mnist_mt's --precision tf32, then the epoch with its batches copied.
+compare_steps tf32 --grad-tol 1e-2 --track-tol 5e-3 --window-tol 0.03
+# The same epoch with its batches copied from the host each step (--no-device-data), the
+# way before the data set was held on the GPU: its rate beside the held one's.
+# (Its metrics stay in the work directory: the eight files of $OUT are taken.)
+run_logged train_gpu_copied 30 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --lr 0.01 --momentum 0.9 \
+  --seed 1 --data "$data_dir" --no-device-data --metrics "$work/train_gpu_copied.jsonl"
+copied=$(grep -o '"images_per_s": *[0-9.eE+-]*' "$work/train_gpu_copied.jsonl" 2>/dev/null | tail -n 1 | sed 's/.*: *//')
+copied_accuracy=$(grep -o '"test_accuracy": *[0-9.eE+-]*' "$work/train_gpu_copied.jsonl" 2>/dev/null | tail -n 1 |
+  sed 's/.*: *//')
+# Deterministic algorithms are not asked for here, so the accuracies may differ a little.
+if [ "$code" = 0 ] && [ -n "$copied" ]; then
+  record train_gpu_copied PASS "$copied images/s copied against $rate held; test accuracy $copied_accuracy, ${took}s"
+else record train_gpu_copied FAIL "exit $code"; fi
+
+python3 - "$out/torch_compare.json" "$work"/compare_*.json <<'PY' 2>>"$log"
+import json, sys
+merged = {}
+for path in sys.argv[2:]:
+    try:
+        merged[path.rsplit("compare_", 1)[-1][:-5]] = json.load(open(path))
+    except (OSError, ValueError) as e:
+        merged[path] = str(e)
+json.dump(merged, open(sys.argv[1], "w"))
+PY
 python3 - "$out/gtest.json" "$work"/test_cuda_*.json <<'PY' 2>>"$log"
 import json, sys
 merged = {}
