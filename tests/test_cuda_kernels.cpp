@@ -87,7 +87,21 @@ class CudaKernels : public ::testing::Test {
 // bias_grad.cu, loss.cu, update.cu, norm.cu, fc.cpp) or, for conv.cpp's one class, as the layer it
 // runs (Conv1, Conv2, as the CPU's conv1.cpp and conv2*.cpp): --gtest_filter '*Pool*'
 // finds pool.cu's tests here and pool.cpp's in test_cpu_kernels.
-class Input : public CudaKernels {};
+class Input : public CudaKernels {
+ protected:
+  // A split of n random images and labels, on the host and the device.
+  void make_split(std::uint32_t n, std::uint32_t seed) {
+    split_.resize(std::size_t{n} * kImageBytes);
+    labels_.resize(n);
+    std::mt19937 rng(seed);
+    for (auto& b : split_) b = static_cast<std::uint8_t>(rng());
+    for (auto& l : labels_) l = static_cast<std::uint8_t>(rng() % 10);
+    d_split_ = upload(split_, stream());
+    d_labels_ = upload(labels_, stream());
+  }
+  std::vector<std::uint8_t> split_, labels_;
+  DeviceBuffer<std::uint8_t> d_split_, d_labels_;
+};
 class Activation : public CudaKernels {};
 class Pool : public CudaKernels {};
 class BiasGrad : public CudaKernels {};
@@ -118,12 +132,7 @@ TEST_F(Input, NormalizeImages) {
 // labels; indices repeat and reach both ends of the split.
 TEST_F(Input, GatherImagesFromAHeldSplit) {
   constexpr std::uint32_t kSplit = 1000;
-  std::vector<std::uint8_t> split(std::size_t{kSplit} * kImageBytes), labels(kSplit);
-  std::mt19937 rng(17);
-  for (auto& b : split) b = static_cast<std::uint8_t>(rng());
-  for (auto& l : labels) l = static_cast<std::uint8_t>(rng() % 10);
-  const auto d_split = upload(split, stream());
-  const auto d_labels = upload(labels, stream());
+  make_split(kSplit, 17);
   for (const std::uint32_t n : kBatches) {
     std::vector<std::uint32_t> samples(n);
     for (std::uint32_t r = 0; r < n; ++r) samples[r] = r == 0 ? kSplit - 1 : r == 1 ? 0 : (r * 389u) % kSplit;
@@ -132,14 +141,15 @@ TEST_F(Input, GatherImagesFromAHeldSplit) {
     const auto d_out = unwritten(std::size_t{n} * kImageBytes, stream());
     DeviceBuffer<std::uint8_t> d_row_labels(n);
     CUDA_CHECK(cudaMemsetAsync(d_row_labels.data(), 0xff, n, stream()));
-    gather_images(d_split.data(), d_labels.data(), d_samples.data(), n, d_out.data(), d_row_labels.data(), kInputMean,
+    gather_images(d_split_.data(), d_labels_.data(), d_samples.data(), n, d_out.data(), d_row_labels.data(), kInputMean,
                   kInputStd, stream());
     const auto out = download(d_out, std::size_t{n} * kImageBytes, stream());
     const auto row_labels = download(d_row_labels, n, stream());
     for (std::uint32_t i = 0; i < out.size(); ++i)
-      ASSERT_EQ(out[i], gather_normalize_at(split.data(), samples.data(), i, kInputMean, kInputStd))
+      ASSERT_EQ(out[i], gather_normalize_at(split_.data(), samples.data(), i, kInputMean, kInputStd))
           << "batch " << n << " at " << i;
-    for (std::uint32_t r = 0; r < n; ++r) ASSERT_EQ(row_labels[r], labels[samples[r]]) << "batch " << n << " row " << r;
+    for (std::uint32_t r = 0; r < n; ++r)
+      ASSERT_EQ(row_labels[r], labels_[samples[r]]) << "batch " << n << " row " << r;
   }
 }
 
@@ -147,12 +157,7 @@ TEST_F(Input, GatherImagesFromAHeldSplit) {
 // writes its sample indices, and advances the counter by one.
 TEST_F(Input, GatherPlannedTakesTheStepItsCounterNames) {
   constexpr std::uint32_t kSplit = 500, kSteps = 3;
-  std::vector<std::uint8_t> split(std::size_t{kSplit} * kImageBytes), labels(kSplit);
-  std::mt19937 rng(23);
-  for (auto& b : split) b = static_cast<std::uint8_t>(rng());
-  for (auto& l : labels) l = static_cast<std::uint8_t>(rng() % 10);
-  const auto d_split = upload(split, stream());
-  const auto d_labels = upload(labels, stream());
+  make_split(kSplit, 23);
   for (const std::uint32_t n : kBatches) {
     std::vector<std::uint32_t> plan{9, 1};  // epoch 9, from step 1
     for (std::uint32_t k = 0; k < kSteps * n; ++k) plan.push_back((k * 211u + 7u) % kSplit);
@@ -161,7 +166,7 @@ TEST_F(Input, GatherPlannedTakesTheStepItsCounterNames) {
       const auto d_out = unwritten(std::size_t{n} * kImageBytes, stream());
       DeviceBuffer<std::uint32_t> d_samples(n);
       DeviceBuffer<std::uint8_t> d_row_labels(n);
-      gather_planned(d_plan.data(), n, d_split.data(), d_labels.data(), d_out.data(), d_samples.data(),
+      gather_planned(d_plan.data(), n, d_split_.data(), d_labels_.data(), d_out.data(), d_samples.data(),
                      d_row_labels.data(), kInputMean, kInputStd, stream());
       const auto out = download(d_out, std::size_t{n} * kImageBytes, stream());
       const auto samples = download(d_samples, n, stream());
@@ -169,9 +174,9 @@ TEST_F(Input, GatherPlannedTakesTheStepItsCounterNames) {
       const std::uint32_t* want = plan.data() + kPlanHeader + std::size_t{step} * n;
       ASSERT_TRUE(std::equal(samples.begin(), samples.end(), want)) << "batch " << n << " step " << step;
       for (std::uint32_t i = 0; i < out.size(); ++i)
-        ASSERT_EQ(out[i], gather_normalize_at(split.data(), want, i, kInputMean, kInputStd))
+        ASSERT_EQ(out[i], gather_normalize_at(split_.data(), want, i, kInputMean, kInputStd))
             << "batch " << n << " step " << step << " at " << i;
-      for (std::uint32_t r = 0; r < n; ++r) ASSERT_EQ(row_labels[r], labels[want[r]]);
+      for (std::uint32_t r = 0; r < n; ++r) ASSERT_EQ(row_labels[r], labels_[want[r]]);
       EXPECT_EQ(download(d_plan, kPlanHeader, stream())[kPlanStep], step + 1);
     }
   }

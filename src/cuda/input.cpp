@@ -114,7 +114,8 @@ bool InputStage::plan(const std::uint8_t* split_images, std::uint32_t epoch, std
   device_.activate();
   plan_.steps = 0;
   planned_ = pending_ = false;
-  const auto held = std::find_if(held_.begin(), held_.end(), [&](const Held& h) { return h.host_images == split_images; });
+  const auto held =
+      std::find_if(held_.begin(), held_.end(), [&](const Held& h) { return h.host_images == split_images; });
   if (held == held_.end() || rows == 0 || rows > max_batch_ || samples.empty() || samples.size() % rows != 0)
     return false;
   const HeldSplit& split = *held->split;

@@ -237,6 +237,24 @@ gtest test_cuda_comm nccl 30 '*/Nccl:CudaCommAnywhere.*'
 # so its limits are set from that, before any run: step 0's gradients 1e-2 normwise, the
 # first 20 losses 5e-3, the means of 20 steps 3% as in fp32. Both results go into
 # torch_compare.json, by precision.
+# merge_json OUT PREFIX FILE...: one JSON object of the files, each under its name less
+# PREFIX and .json (a file that cannot be read: its error).
+merge_json() {
+  local to=$1 prefix=$2
+  shift 2
+  python3 - "$to" "$prefix" "$@" <<'PY' 2>>"$log"
+import json, sys
+merged = {}
+for path in sys.argv[3:]:
+    key = path.rsplit("/", 1)[-1].removeprefix(sys.argv[2]).removesuffix(".json")
+    try:
+        merged[key] = json.load(open(path))
+    except (OSError, ValueError) as e:
+        merged[key] = str(e)
+json.dump(merged, open(sys.argv[1], "w"))
+PY
+}
+
 compare_steps() {  # compare_steps PRECISION [torch_compare.py's limits...]
   local precision=$1 name=torch_compare
   shift
@@ -337,26 +355,8 @@ if [ "$code" = 0 ] && [ -n "$copied" ]; then
   record train_gpu_copied PASS "$copied images/s copied against $rate held; test accuracy $copied_accuracy, ${took}s"
 else record train_gpu_copied FAIL "exit $code"; fi
 
-python3 - "$out/torch_compare.json" "$work"/compare_*.json <<'PY' 2>>"$log"
-import json, sys
-merged = {}
-for path in sys.argv[2:]:
-    try:
-        merged[path.rsplit("compare_", 1)[-1][:-5]] = json.load(open(path))
-    except (OSError, ValueError) as e:
-        merged[path] = str(e)
-json.dump(merged, open(sys.argv[1], "w"))
-PY
-python3 - "$out/gtest.json" "$work"/test_cuda_*.json <<'PY' 2>>"$log"
-import json, sys
-merged = {}
-for path in sys.argv[2:]:
-    try:
-        merged[path.rsplit("/", 1)[-1][:-5]] = json.load(open(path))
-    except (OSError, ValueError) as e:
-        merged[path] = str(e)
-json.dump(merged, open(sys.argv[1], "w"))
-PY
+merge_json "$out/torch_compare.json" compare_ "$work"/compare_*.json
+merge_json "$out/gtest.json" "" "$work"/test_cuda_*.json
 
 echo "$passed passed, $failed failed, $skipped skipped" | tee -a "$summary"
 [ "$failed" -eq 0 ]
