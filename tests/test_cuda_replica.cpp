@@ -451,7 +451,9 @@ class PlannedEpoch : public ::testing::Test {
     const Samples splits[] = {data_.train.samples(), data_.test.samples()};
     run.replica->hold_data(splits);
     run.replica->write_params(params_);
-    if (planned) EXPECT_TRUE(run.replica->plan_epoch(data_.train.images.data(), 3, plan_, kRows));
+    if (planned) {
+      EXPECT_TRUE(run.replica->plan_epoch(data_.train.images.data(), 3, plan_, kRows));
+    }
     return run;
   }
 
@@ -459,6 +461,8 @@ class PlannedEpoch : public ::testing::Test {
   // update; its log-probabilities kept.
   static void train(Run& run, bool dropped_recording = false) {
     if (dropped_recording) {
+      // As the communicators of a run of one rank on its GPU allow it (cuda::make_communicators).
+      static_cast<cuda::CudaDevice&>(*run.devices[0]).allow_record(true);
       run.devices[0]->begin_record();
       run.replica->forward(true, kPlanKey, kRows);
       std::string why = "dropped";

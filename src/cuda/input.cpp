@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
+#include <iostream>
 #include <string>
 
 #include "errors.hpp"
@@ -89,12 +91,18 @@ void InputStage::hold(std::span<const Samples> splits) {
       held_.push_back({split.images.data(), std::move(on_device)});
     }
   }
-  if (largest > 0 && plan_.device.size() < kPlanHeader + largest) {
+  if (largest == 0 || plan_.device.size() >= kPlanHeader + largest) return;
+  try {
     plan_.host = PinnedBuffer<std::uint32_t>(kPlanHeader + largest);
     plan_.device = DeviceBuffer<std::uint32_t>(kPlanHeader + largest);
     plan_.uploaded = make_event();
     plan_.samples = DeviceBuffer<std::uint32_t>(max_batch_);
     plan_.labels = DeviceBuffer<std::uint8_t>(max_batch_);
+  } catch (const std::exception& e) {  // no plan then: the batches are gathered by their indices
+    (void)cudaGetLastError();
+    plan_.device = {};
+    std::cerr << "mnist_mt: warning: " << device_.name() << ": no room to plan epochs on the device (" << e.what()
+              << ")\n";
   }
 }
 

@@ -167,6 +167,7 @@ class DdpWorker {
                      replica_->plan_epoch(loader.split_images(), epoch, loader.rank_samples(first_shard_, first),
                                           run_.shard_batch());
     std::array<double, 1> ranks_planning{can ? 1.0 : 0.0};
+    run_.beat(rank_, step_, Phase::kCommWait);  // the watchdog sees a rank that never comes
     comm_.allreduce_host(ranks_planning);
     m.planned_input = ranks_planning[0] == comm_.size();
     if (can && !m.planned_input) replica_->plan_epoch(nullptr, epoch, {}, run_.shard_batch());
