@@ -43,16 +43,8 @@ void upload(DeviceBuffer<std::uint8_t>& to, std::span<const std::uint8_t> from, 
   CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-}  // namespace
-
-HeldSplit::HeldSplit(CudaDevice& device, Samples split)
-    : images_(split.images.size()),
-      labels_(split.labels.size()),
-      size_(static_cast<std::uint32_t>(split.labels.size())) {
-  upload(images_, split.images, device.compute());
-  upload(labels_, split.labels, device.compute());
-}
-
+// What hold_split keys a split's content by: FNV-1a's steps over its labels, then its
+// images, 8 bytes at a time.
 std::uint64_t split_fingerprint(Samples split) {
   std::uint64_t h = 14695981039346656037ull;
   const auto mix = [&h](std::span<const std::uint8_t> bytes) {
@@ -67,6 +59,16 @@ std::uint64_t split_fingerprint(Samples split) {
   mix(split.labels);
   mix(split.images);
   return h ^ split.labels.size();
+}
+
+}  // namespace
+
+HeldSplit::HeldSplit(CudaDevice& device, Samples split)
+    : images_(split.images.size()),
+      labels_(split.labels.size()),
+      size_(static_cast<std::uint32_t>(split.labels.size())) {
+  upload(images_, split.images, device.compute());
+  upload(labels_, split.labels, device.compute());
 }
 
 std::shared_ptr<const HeldSplit> hold_split(CudaDevice& device, Samples split) {

@@ -2,7 +2,7 @@
 // A data set's split kept in one GPU's memory as uint8 images and labels (47 MB for
 // MNIST's training split), once per GPU: ranks that share a GPU share it. A batch of a
 // held split then crosses PCIe as its sample indices alone, and its rows are gathered on
-// the device (gather_images). docs/architecture.md, decision 4.
+// the device (gather_images). docs/architecture.md, decision 17.
 #include <cstdint>
 #include <memory>
 
@@ -29,14 +29,10 @@ class HeldSplit {
 };
 
 // `split` held on `device`'s GPU: uploaded by the first caller for that GPU and content
-// (a 64-bit hash of its labels and images), shared with later callers while any of them
+// (a 64-bit hash of its size, labels and images), shared with later callers while any of them
 // keeps it. Null, after a one-line warning on standard error, when the GPU has not the
 // memory: batches of that split are then copied from the host as before. On the thread
 // that drives `device`, after activate(); thread-safe.
 std::shared_ptr<const HeldSplit> hold_split(CudaDevice& device, Samples split);
-
-// The content hash hold_split keys by (FNV-1a, 64 bits, over the labels and then the
-// images). Exposed for its test.
-std::uint64_t split_fingerprint(Samples split);
 
 }  // namespace mnist_mt::cuda
