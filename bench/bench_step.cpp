@@ -136,6 +136,7 @@ void bench_step(benchmark::State& state, Backend& backend, Mode mode, int world,
   // A replayed step: its device time whole, and its graph's nodes.
   if (p.replayed > 0) state.counters["replayed_us"] = p.replayed * us;
   if (m.graph_nodes) state.counters["graph_nodes"] = static_cast<double>(*m.graph_nodes);
+  if (m.planned_input) state.counters["planned_input"] = 1;  // the rows gathered on the GPU, nothing copied
   if (p.broadcast + p.gather > 0) {  // --mode dp's own phases
     state.counters["bcast_us"] = p.broadcast * us;
     state.counters["gather_us"] = p.gather * us;

@@ -44,12 +44,12 @@ grep -q '"status": "skipped: budget' "$work/late.json"
 # mnist_mt's figure; a failed row gives no number), PyTorch's as torch_speed.py does.
 cat >"$work/bench_step.json" <<'EOF'
 {"context": {"host_name": "fixture"}, "benchmarks": [
- {"name": "step/cuda/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 200.0, "graph_nodes": 21, "replayed_us": 150.25},
+ {"name": "step/cuda/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 200.0, "graph_nodes": 21, "replayed_us": 150.25, "planned_input": 1},
  {"name": "step/cuda/dp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda/dp/devices:1/batch:4/iterations:1/manual_time", "us/step": 999.0},
- {"name": "step/cuda_eager/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda_eager/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 250.0},
- {"name": "step/cuda_tf32/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda_tf32/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 175.0},
+ {"name": "step/cuda_eager/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda_eager/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 250.0, "planned_input": 1},
+ {"name": "step/cuda_tf32/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda_tf32/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 175.0, "planned_input": 1},
  {"name": "step/cuda/ddp/devices:2/batch:4/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:2/batch:4/iterations:1/manual_time", "us/step": 777.0},
- {"name": "step/cuda/ddp/devices:1/batch:64/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:1/batch:64/iterations:1/manual_time", "us/step": 500.0},
+ {"name": "step/cuda/ddp/devices:1/batch:64/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:1/batch:64/iterations:1/manual_time", "us/step": 500.0, "planned_input": 1},
  {"name": "step/cuda/ddp/devices:1/batch:256/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:1/batch:256/iterations:1/manual_time", "error_occurred": true, "error_message": "out of memory"}
 ]}
 EOF
@@ -69,6 +69,7 @@ expect '| 64 | fp32 | 500.0 | — | — | — | — | — | failed | — | skipp
 expect '- mnist_mt cuda batch 256: out of memory'
 expect '- torch compile batch 64 fp32: failed: RuntimeError: no compiler'
 expect "- mnist_mt's replayed step: batch 4 21 graph nodes, 150.2 µs on the device"
+expect "- mnist_mt: the trainer's whole step, its rows gathered on the GPU from the data set held there (planned_input); PyTorch: the input already on the GPU"
 [ "$(grep -c '^| 256 ' "$work/table.txt")" = 0 ]  # no figure from either side: no line
 
 # An input missing (bench_step failed on the GPU host): PyTorch's cells stay, the reason is said.
@@ -76,6 +77,12 @@ expect "- mnist_mt's replayed step: batch 4 21 graph nodes, 150.2 µs on the dev
   >"$work/table.txt"
 expect '| 4 | fp32 | — | — | 300.0 | — | 100.0 | — | — | — | — | — |'
 grep -q '^- no mnist_mt figures: .*none.json' "$work/table.txt"
+! grep -q 'input copied\|rows gathered' "$work/table.txt"  # no mnist_mt row: nothing said of its input
+# A row that copied its input (no planned_input): the note says so.
+sed 's/, "planned_input": 1}/}/' "$work/bench_step.json" >"$work/copied.json"
+/usr/bin/python3 "$root/tests/gpu/torch_speed_table.py" --bench-step "$work/copied.json" --torch "$work/torch_speed.json" \
+  >"$work/table.txt"
+grep -q '^- mnist_mt: .*its input copied from host memory' "$work/table.txt"
 # The per-operation table (op_table.py) from bench_step's op/cuda/ rows, as Google
 # Benchmark writes them (repetitions of a row, the least shown, aggregates left out; ns
 # and µs units),

@@ -34,9 +34,11 @@ def load(path, what, notes):
 
 
 def mnist_rows(report, notes):
-    """{(label, batch): us per step} from bench_step's rows that ran, and
-    [(batch, graph nodes, device us per step)] of its replayed rows that report them."""
-    out, graphs = {}, []
+    """{(label, batch): us per step} from bench_step's rows that ran,
+    [(batch, graph nodes, device us per step)] of its replayed rows that report them, and
+    whether every row that ran took its input from the data set held on the GPU (None:
+    no row ran)."""
+    out, graphs, planned = {}, [], []
     for b in (report or {}).get("benchmarks", []):
         m = MNIST_ROW.match(b.get("run_name", b.get("name", "")))
         if not m:
@@ -45,9 +47,10 @@ def mnist_rows(report, notes):
             notes.append(f"mnist_mt {m.group(1)} batch {m.group(2)}: {b.get('error_message', 'error')}")
         elif isinstance(b.get("us/step"), (int, float)):
             out[(m.group(1), int(m.group(2)))] = float(b["us/step"])
+            planned.append(b.get("planned_input") == 1)
             if m.group(1) == "cuda" and isinstance(b.get("graph_nodes"), (int, float)):
                 graphs.append((int(m.group(2)), int(b["graph_nodes"]), b.get("replayed_us")))
-    return out, sorted(graphs)
+    return out, sorted(graphs), (all(planned) if planned else None)
 
 
 def cell(value):
@@ -65,7 +68,7 @@ def main():
     args = ap.parse_args()
 
     notes = []
-    mnist, graphs = mnist_rows(load(args.bench_step, "mnist_mt", notes), notes)
+    mnist, graphs, planned = mnist_rows(load(args.bench_step, "mnist_mt", notes), notes)
     torch_rows = load(args.torch, "PyTorch", notes) or []
     by_key = {(r["mode"], r["batch"], bool(r["tf32"])): r for r in torch_rows}
     batches = sorted({b for _, b in mnist} | {r["batch"] for r in torch_rows})
@@ -93,8 +96,12 @@ def main():
                 if r and r.get("compile_s") is not None and mode != "eager":
                     compile_times.append(f"{mode} {batch}/{cells[1]} {r['compile_s']:.1f} s")
             print("| " + " | ".join(cells) + " |")
-    notes.append("mnist_mt: the trainer's whole step, its input copied from host memory by the loader; "
-                 "PyTorch: the input already on the GPU")
+    if planned is True:
+        notes.append("mnist_mt: the trainer's whole step, its rows gathered on the GPU from the data set held there "
+                     "(planned_input); PyTorch: the input already on the GPU")
+    elif planned is False:
+        notes.append("mnist_mt: the trainer's whole step, its input copied from host memory (no planned_input on "
+                     "every row); PyTorch: the input already on the GPU")
     if graphs:
         notes.append("mnist_mt's replayed step: " + ", ".join(
             f"batch {b} {n} graph nodes" + (f", {us:,.1f} µs on the device" if isinstance(us, (int, float)) else "")
