@@ -6,6 +6,7 @@ mean and spread of the time to the target, the final accuracy and the images/s.
     bench/time_to_accuracy.py                          # --recipe fast, 5 seeds, target 99.0%
     bench/time_to_accuracy.py --recipe pytorch-example --seeds 3 --json
     bench/time_to_accuracy.py --skip-mnist-mt --pytorch-ranks 1,2 --seeds 1,2
+    bench/time_to_accuracy.py --gpu --eval-every 117   # one GPU each side, on a GPU host
     [--build DIR] [--data DIR] [--cores N] [--target 99.0] [--eval-every STEPS] [--out FILE]
 
 The recipe (bench/pytorch/recipes.py, which mnist_mt's --recipe mirrors) is given
@@ -14,7 +15,10 @@ ranks of batch/N each, PyTorch one process of N threads with the whole batch, or
 --pytorch-ranks 2, DDP over gloo with ranks of batch/ranks. The runs go seed by seed, each
 side in turn, so a change in the machine's load falls on both. Time to target is wall time
 from the first step to the end of the evaluation that first reaches the target
-(evaluations included, set-up excluded), as both programs measure it.
+(evaluations included, set-up excluded), as both programs measure it. With --gpu both
+sides train on GPU 0 instead: mnist_mt --gpus 0 (one rank, the whole batch), PyTorch
+bench/pytorch/recipe.py --device cuda (one process, the data on the GPU, TF32 off as
+mnist_mt's default --precision fp32).
 
 PyTorch is the official PyPI build, installed once into bench/.venv-torch (several GB);
 only where pip cannot install it does the run fall back to Debian's /usr/bin/python3
@@ -87,6 +91,8 @@ def parse_args():
                    help="PyTorch layouts: 1 is one process of --cores threads, N>1 DDP over gloo "
                         "(the best counts)")
     p.add_argument("--torch-python", type=Path, help="a Python with torch to use instead of the venv")
+    p.add_argument("--gpu", action="store_true",
+                   help="both sides on GPU 0 (mnist_mt --gpus 0, recipe.py --device cuda) instead of CPU cores")
     p.add_argument("--skip-mnist-mt", action="store_true", help="run the PyTorch side only")
     p.add_argument("--skip-pytorch", action="store_true", help="run mnist_mt only")
     p.add_argument("--json", nargs="?", const=RESULTS, type=Path,
@@ -94,11 +100,14 @@ def parse_args():
     p.add_argument("--out", type=Path, help="also write the Markdown table here")
     args = p.parse_args()
     recipe = {**DEFAULTS, **RECIPES[args.recipe]}
+    if args.gpu:
+        args.pytorch_ranks = [1]  # one process on the GPU (recipe.py --device cuda)
+    ranks = 1 if args.gpu else args.cores  # mnist_mt's
     if recipe.pop("batch_per_rank", False):
-        recipe["batch_size"] *= args.cores  # the global batch of mnist_mt's --cpu N ranks
+        recipe["batch_size"] *= ranks  # the global batch of mnist_mt's ranks
     if args.epochs:
         recipe["epochs"] = args.epochs
-    for rank_count in [args.cores] + args.pytorch_ranks:
+    for rank_count in [ranks] + args.pytorch_ranks:
         if recipe["batch_size"] % rank_count or args.cores % rank_count:
             p.error(f"the recipe's batch {recipe['batch_size']} and --cores {args.cores} must divide "
                     f"into {rank_count} ranks")
@@ -201,12 +210,14 @@ def common(args, data, seed, ranks):
 
 
 def mnist_mt_command(args, data, seed, metrics):
-    return [str(args.build / "mnist_mt"), "--cpu", str(args.cores)] + common(args, data, seed, args.cores) + \
+    devices = ["--gpus", "0"] if args.gpu else ["--cpu", str(args.cores)]
+    return [str(args.build / "mnist_mt")] + devices + common(args, data, seed, 1 if args.gpu else args.cores) + \
            ["--metrics", metrics]
 
 
 def pytorch_command(args, python, data, seed, ranks):
-    return [str(python), str(RECIPE_PY), "--threads", str(args.cores), "--ranks", str(ranks)] + \
+    device = ["--device", "cuda"] if args.gpu else []
+    return [str(python), str(RECIPE_PY), "--threads", str(args.cores), "--ranks", str(ranks)] + device + \
            common(args, data, seed, ranks)
 
 
@@ -283,7 +294,8 @@ def table(args, sides, commands, note, torch_info):
     lines = [f"**Recipe `{args.recipe}`** (`{shlex.join(shared_flags(settings))}`, global batch "
              f"{settings['batch_size']}), target {args.target:.1f}%, "
              f"evaluation every {args.eval_every or 'epoch'}{' steps' if args.eval_every else ''}, "
-             f"{args.cores} cores each, float32, seeds {','.join(map(str, args.seeds))}", "",
+             f"{'GPU 0 each, float32 (TF32 off)' if args.gpu else f'{args.cores} cores each, float32'}, "
+             f"seeds {','.join(map(str, args.seeds))}", "",
              "| | time to target, s | test accuracy at the end, % | training images/s | steps to target |",
              "|---|---:|---:|---:|---:|"]
     best = min((name for name in sides if name != "mnist_mt"),
@@ -306,6 +318,8 @@ def table(args, sides, commands, note, torch_info):
     if torch_info:
         build = [f"BLAS {torch_info['torch_blas']}"] + torch_info["torch_libraries"] + \
                 [f"CPU capability {torch_info['cpu_capability']}"]
+        if torch_info.get("gpu"):
+            build.append(f"on {torch_info['gpu']} with CUDA {torch_info['cuda']}")
         lines += ["", f"PyTorch: {torch_info['torch_version']} ({relative(torch_info['python'])}): "
                       f"{'; '.join(build)}."]
     if note:
@@ -324,7 +338,7 @@ def main():
     sides = {}
     if not args.skip_mnist_mt:
         sides["mnist_mt"] = []
-    layouts = {} if args.skip_pytorch else {
+    layouts = {} if args.skip_pytorch else {"PyTorch, 1 process on GPU 0": 1} if args.gpu else {
         (f"PyTorch, 1 process x {args.cores} threads" if r == 1 else
          f"PyTorch DDP (gloo), {r} processes x {args.cores // r} thread(s)"): r for r in args.pytorch_ranks}
     for name in layouts:
@@ -341,7 +355,8 @@ def main():
     torch_info = None
     if layouts:
         first = next(iter(sides[next(iter(layouts))]))
-        torch_info = {k: first[k] for k in ("torch_version", "torch_blas", "torch_libraries", "cpu_capability")}
+        torch_info = {k: first.get(k) for k in ("torch_version", "torch_blas", "torch_libraries", "cpu_capability",
+                                                "gpu", "cuda")}
         torch_info["python"] = str(python)
     report = table(args, sides, commands, note, torch_info)
     print(report, end="")
@@ -350,7 +365,7 @@ def main():
     if args.json:
         record = {"date": datetime.date.today().isoformat(), "machine": lscpu_model(), "recipe": args.recipe,
                   "settings": args.settings, "target": args.target, "eval_every": args.eval_every,
-                  "cores": args.cores, "seeds": args.seeds, "commands": commands, "note": note,
+                  "cores": args.cores, "gpu": args.gpu, "seeds": args.seeds, "commands": commands, "note": note,
                   "torch": torch_info, "runs": sides}
         with open(args.json, "a") as f:
             f.write(json.dumps(record) + "\n")

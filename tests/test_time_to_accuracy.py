@@ -116,6 +116,18 @@ class Driver(unittest.TestCase):
         self.assertEqual(flag(ours[0], "--target-accuracy"), "99.0")
         self.assertEqual(flag(ours[0], "--optimizer"), "adamw")
 
+    def test_gpu_puts_both_sides_on_gpu_0_with_the_whole_batch(self):
+        table = self.drive("--recipe", "fast", "--seeds", "1", "--gpu")
+        ours, theirs = self.runs(self.ours_log), self.runs(self.theirs_log)
+        self.assertEqual(flag(ours[0], "--gpus"), "0")
+        self.assertNotIn("--cpu", ours[0])
+        self.assertEqual(flag(ours[0], "--batch-size"), "128")
+        self.assertEqual(len(theirs), 1)
+        self.assertEqual((flag(theirs[0], "--device"), flag(theirs[0], "--ranks")), ("cuda", "1"))
+        self.assertEqual(flag(theirs[0], "--batch-size"), "128")
+        self.assertIn("GPU 0 each, float32 (TF32 off)", table)
+        self.assertIn("| PyTorch, 1 process on GPU 0 |", table)
+
     def test_table_and_json_carry_the_figures(self):
         results = self.dir / "results.jsonl"
         table = self.drive("--recipe", "pytorch-example", "--seeds", "3", "--pytorch-ranks", "1",
