@@ -13,8 +13,9 @@
 //
 // precision/cpu/...: conv2 and fc1 through oneDNN in f32 and in bf16 (register_precisions).
 //
-// step/cuda/..., step/cuda_eager/... (--no-cuda-graphs), step/cuda_tf32/... (--tf32):
-// the same on GPUs; op/cuda/<operation>/batch:B: each operation of a GPU replica's step
+// step/cuda/..., step/cuda_eager/... (--no-cuda-graphs), step/cuda_tf32/... (--tf32),
+// step/cuda_copied/... (--no-device-data: each batch copied from the host): the same on
+// GPUs; op/cuda/<operation>/batch:B: each operation of a GPU replica's step
 // on its own (cuda_ops.cpp), which tests/gpu/op_table.py sets beside the step.
 #include <benchmark/benchmark.h>
 #include <dnnl.hpp>
@@ -144,7 +145,8 @@ void bench_step(benchmark::State& state, Backend& backend, Mode mode, int world,
 }
 
 // `label`: the backend's name, and how it was made ("cuda_eager": --no-cuda-graphs;
-// "cuda_tf32": --tf32, one device and ddp only, beside PyTorch's TF32 rows).
+// "cuda_tf32": --tf32, one device and ddp only, beside PyTorch's TF32 rows;
+// "cuda_copied": --no-device-data, one device and ddp only).
 void register_steps(Backend& backend, int max_world, const std::string& label, bool ddp_only = false) {
   for (std::uint32_t batch : kBatches) {
     for (int world = 1; world <= max_world; ++world) {
@@ -424,20 +426,23 @@ int main(int argc, char** argv) {
   register_precisions();
   register_steps(*cpu, cpu->device_count(), "cpu");
   register_exchanges(*cpu);
-  std::unique_ptr<Backend> cuda, cuda_eager, cuda_tf32;
+  std::unique_ptr<Backend> cuda, cuda_eager, cuda_tf32, cuda_copied;
   std::shared_ptr<void> cuda_ops;  // the op/cuda/ rows' buffers, released before the backends
   if (cuda_built()) {
     try {
-      BackendOptions eager, tf32;
+      BackendOptions eager, tf32, copied;
       eager.cuda_graphs = false;
       tf32.tf32 = true;
+      copied.device_data = false;
       cuda = make_cuda_backend({});
       cuda_eager = make_cuda_backend(eager);
       cuda_tf32 = make_cuda_backend(tf32);
+      cuda_copied = make_cuda_backend(copied);
       if (cuda->device_count() > 0) {
         register_steps(*cuda, cuda->device_count(), "cuda");
         register_steps(*cuda_eager, cuda->device_count(), "cuda_eager");
         register_steps(*cuda_tf32, 1, "cuda_tf32", true);
+        register_steps(*cuda_copied, 1, "cuda_copied", true);
 #ifdef MNIST_MT_BENCH_CUDA
         cuda_ops = register_cuda_ops();
 #endif

@@ -48,6 +48,7 @@ cat >"$work/bench_step.json" <<'EOF'
  {"name": "step/cuda/dp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda/dp/devices:1/batch:4/iterations:1/manual_time", "us/step": 999.0},
  {"name": "step/cuda_eager/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda_eager/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 250.0, "planned_input": 1},
  {"name": "step/cuda_tf32/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda_tf32/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 175.0, "planned_input": 1},
+ {"name": "step/cuda_copied/ddp/devices:1/batch:4/iterations:1/manual_time", "run_name": "step/cuda_copied/ddp/devices:1/batch:4/iterations:1/manual_time", "us/step": 230.0},
  {"name": "step/cuda/ddp/devices:2/batch:4/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:2/batch:4/iterations:1/manual_time", "us/step": 777.0},
  {"name": "step/cuda/ddp/devices:1/batch:64/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:1/batch:64/iterations:1/manual_time", "us/step": 500.0, "planned_input": 1},
  {"name": "step/cuda/ddp/devices:1/batch:256/iterations:1/manual_time", "run_name": "step/cuda/ddp/devices:1/batch:256/iterations:1/manual_time", "error_occurred": true, "error_message": "out of memory"}
@@ -70,6 +71,7 @@ expect '- mnist_mt cuda batch 256: out of memory'
 expect '- torch compile batch 64 fp32: failed: RuntimeError: no compiler'
 expect "- mnist_mt's replayed step: batch 4 21 graph nodes, 150.2 µs on the device"
 expect "- mnist_mt: the trainer's whole step, its rows gathered on the GPU from the data set held there (planned_input); PyTorch: the input already on the GPU"
+expect "- mnist_mt with each batch copied from the host (--no-device-data), replayed: batch 4 230.0 µs (held on the GPU: 200.0 µs)"
 [ "$(grep -c '^| 256 ' "$work/table.txt")" = 0 ]  # no figure from either side: no line
 
 # An input missing (bench_step failed on the GPU host): PyTorch's cells stay, the reason is said.

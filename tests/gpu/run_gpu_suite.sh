@@ -28,11 +28,10 @@
 # test accuracy of --recipe fast against PyTorch's same recipe on the same GPU
 # (bench/pytorch/recipe.py --device cuda) and the allreduce benchmark.
 # The checks of one rank a GPU run first, then the time to 99%, then those of ranks
-# sharing one GPU; last, where time is left, the TF32 comparison and an epoch with copied
-# batches. A check still running at its limit has each thread's stack written to the log
+# sharing one GPU; last, where time is left, the TF32 comparison. A check still running at its limit has each thread's stack written to the log
 # (cuda-gdb), then is killed; the suite stops starting checks after SUITE_SECONDS (540).
 # torch_speed takes what the checks before it left, at most 150 s, keeping the limits of
-# the time to 99% and the shared-GPU checks free (not the last two's).
+# the time to 99% and the shared-GPU checks free (not the last one's).
 # On a GPU host a skipped test is a failure. Writes to $OUT: summary.txt (date, GPU,
 # a verdict per check), suite.log (every check's output), gtest.json, torch_compare.json,
 # train_gpu.jsonl, bench_step.json, torch_speed.json, bench_allreduce.json. Ends with the line
@@ -287,7 +286,7 @@ run_logged fault_gpu 20 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --da
 if [ "$code" = 3 ] && tail -n 5 "$log" | grep -q "rank 0 failed at step 20"; then record fault_gpu PASS "exit 3 after ${took}s"
 else record fault_gpu FAIL "exit $code after ${took}s (want 3, naming rank 0 and step 20)"; fi
 
-run_logged bench_step 90 "$bin/bench_step" --benchmark_filter='step/cuda(_eager|_tf32)?/|op/cuda/' \
+run_logged bench_step 110 "$bin/bench_step" --benchmark_filter='step/cuda(_eager|_tf32|_copied)?/|op/cuda/' \
   --benchmark_out="$out/bench_step.json" --benchmark_out_format=json
 # Rows that ran: a bench_step that saw no GPU registers none, and exits 0.
 rows=$(python3 -c 'import json, sys
@@ -345,22 +344,9 @@ fi
 # hides none of them.
 gtest test_cuda_trainer shared-gpu "$shared_trainer_s" "$shared_trainer"
 gtest test_cuda_comm shared-gpu "$shared_comm_s" '*/SharedGpu:CudaCommSharedGpu.*:CudaCommAbort.*'
-# Where time is left (nothing above keeps their seconds free): PyTorch's 200 steps with
-# TF32 beside mnist_mt's --precision tf32, then the epoch with its batches copied.
+# Where time is left (nothing above keeps its seconds free): PyTorch's 200 steps with
+# TF32 beside mnist_mt's --precision tf32.
 compare_steps tf32 --grad-tol 1e-2 --track-tol 5e-3 --window-tol 0.03
-# The same epoch with its batches copied from the host each step (--no-device-data), the
-# way before the data set was held on the GPU: its rate beside the held one's.
-# (Its metrics stay in the work directory: the eight files of $OUT are taken.)
-run_logged train_gpu_copied 30 "$bin/mnist_mt" --gpus 0 --epochs 1 --batch-size 64 --lr 0.01 --momentum 0.9 \
-  --seed 1 --data "$data_dir" --no-device-data --metrics "$work/train_gpu_copied.jsonl"
-copied=$(grep -o '"images_per_s": *[0-9.eE+-]*' "$work/train_gpu_copied.jsonl" 2>/dev/null | tail -n 1 | sed 's/.*: *//')
-copied_accuracy=$(grep -o '"test_accuracy": *[0-9.eE+-]*' "$work/train_gpu_copied.jsonl" 2>/dev/null | tail -n 1 |
-  sed 's/.*: *//')
-# Deterministic algorithms are not asked for here, so the accuracies may differ a little.
-if [ "$code" = 0 ] && [ -n "$copied" ]; then
-  record train_gpu_copied PASS "$copied images/s copied against $rate held; test accuracy $copied_accuracy, ${took}s"
-else record train_gpu_copied FAIL "exit $code"; fi
-
 merge_json "$out/torch_compare.json" compare_ "$work"/compare_*.json
 merge_json "$out/gtest.json" "" "$work"/test_cuda_*.json
 

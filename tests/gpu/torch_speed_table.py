@@ -3,7 +3,9 @@
 
 Reads bench_step's Google Benchmark JSON (the rows step/cuda/ddp/devices:1/batch:B, the
 step replayed as a CUDA graph, step/cuda_eager/..., enqueued call by call, and
-step/cuda_tf32/..., replayed with --tf32; counter us/step) and torch_speed.py's JSON list.
+step/cuda_tf32/..., replayed with --tf32, and step/cuda_copied/..., replayed with
+--no-device-data, which a note sets beside the held data's; counter us/step) and
+torch_speed.py's JSON list.
 One line per batch and precision: fp32 is TF32 off, tf32 on (mnist_mt's eager cell stays
 empty there: bench_step has no eager TF32 row). ratio = PyTorch / mnist_mt (graph, as
 mnist_mt runs by default): above 1, mnist_mt is faster. A note gives the nodes of
@@ -20,7 +22,7 @@ import re
 import sys
 
 TORCH_MODES = ("eager", "graph", "compile", "compile-reduce-overhead")
-MNIST_ROW = re.compile(r"^step/(cuda|cuda_eager|cuda_tf32)/ddp/devices:1/batch:(\d+)(/|$)")
+MNIST_ROW = re.compile(r"^step/(cuda|cuda_eager|cuda_tf32|cuda_copied)/ddp/devices:1/batch:(\d+)(/|$)")
 EMPTY = "—"
 
 
@@ -47,7 +49,8 @@ def mnist_rows(report, notes):
             notes.append(f"mnist_mt {m.group(1)} batch {m.group(2)}: {b.get('error_message', 'error')}")
         elif isinstance(b.get("us/step"), (int, float)):
             out[(m.group(1), int(m.group(2)))] = float(b["us/step"])
-            planned.append(b.get("planned_input") == 1)
+            if m.group(1) != "cuda_copied":  # --no-device-data: copied on purpose
+                planned.append(b.get("planned_input") == 1)
             if m.group(1) == "cuda" and isinstance(b.get("graph_nodes"), (int, float)):
                 graphs.append((int(m.group(2)), int(b["graph_nodes"]), b.get("replayed_us")))
     return out, sorted(graphs), (all(planned) if planned else None)
@@ -106,6 +109,11 @@ def main():
         notes.append("mnist_mt's replayed step: " + ", ".join(
             f"batch {b} {n} graph nodes" + (f", {us:,.1f} µs on the device" if isinstance(us, (int, float)) else "")
             for b, n, us in graphs))
+    copied = [(b, us) for (label, b), us in sorted(mnist.items()) if label == "cuda_copied"]
+    if copied:
+        notes.append("mnist_mt with each batch copied from the host (--no-device-data), replayed: " + ", ".join(
+            f"batch {b} {cell(us)} µs" + (f" (held on the GPU: {cell(mnist[('cuda', b)])} µs)"
+                                           if ("cuda", b) in mnist else "") for b, us in copied))
     if not any(label == "cuda_tf32" for label, _ in mnist):
         notes.append("no mnist_mt TF32 row: the tf32 lines' mnist_mt cells and ratios are empty")
     if compile_times:
