@@ -55,7 +55,7 @@ struct Step {
         cudnn(make_cudnn(stream.get())),
         cublas_workspace(std::size_t{32} << 20),
         cublas(make_cublas(stream.get(), cublas_workspace, false)),
-        conv2(kConv2Shape, BackendOptions{}, true),
+        conv2(kConv2Shape, BackendOptions{}),
         workspace(std::max<std::size_t>(conv2.tune(cudnn.get(), static_cast<int>(n), std::size_t{256} << 20), 256)),
         params(kParamCount),
         grads(kParamCount),

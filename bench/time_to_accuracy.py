@@ -102,12 +102,12 @@ def parse_args():
     recipe = {**DEFAULTS, **RECIPES[args.recipe]}
     if args.gpu:
         args.pytorch_ranks = [1]  # one process on the GPU (recipe.py --device cuda)
-    ranks = 1 if args.gpu else args.cores  # mnist_mt's
+    args.ranks = 1 if args.gpu else args.cores  # mnist_mt's
     if recipe.pop("batch_per_rank", False):
-        recipe["batch_size"] *= ranks  # the global batch of mnist_mt's ranks
+        recipe["batch_size"] *= args.ranks  # the global batch of mnist_mt's ranks
     if args.epochs:
         recipe["epochs"] = args.epochs
-    for rank_count in [ranks] + args.pytorch_ranks:
+    for rank_count in [args.ranks] + args.pytorch_ranks:
         if recipe["batch_size"] % rank_count or args.cores % rank_count:
             p.error(f"the recipe's batch {recipe['batch_size']} and --cores {args.cores} must divide "
                     f"into {rank_count} ranks")
@@ -211,7 +211,7 @@ def common(args, data, seed, ranks):
 
 def mnist_mt_command(args, data, seed, metrics):
     devices = ["--gpus", "0"] if args.gpu else ["--cpu", str(args.cores)]
-    return [str(args.build / "mnist_mt")] + devices + common(args, data, seed, 1 if args.gpu else args.cores) + \
+    return [str(args.build / "mnist_mt")] + devices + common(args, data, seed, args.ranks) + \
            ["--metrics", metrics]
 
 

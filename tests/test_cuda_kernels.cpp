@@ -586,7 +586,7 @@ void expect_conv_matches_reference(cudaStream_t stream, const ConvShape& shape) 
     for (const bool tuned_here : {true, false}) {
       if (!tuned_here && n == kBatches[3]) continue;
       SCOPED_TRACE(tuned_here ? "timed" : "heuristic");
-      Conv2d conv(shape, BackendOptions{}, true);
+      Conv2d conv(shape, BackendOptions{});
       const std::size_t bytes = conv.tune(cudnn.get(), static_cast<int>(tuned_here ? n : kBatches[3]), kWorkspaceCap);
       const DeviceBuffer<std::uint8_t> ws(std::max<std::size_t>(bytes, 256));
       const Workspace space{ws.data(), ws.bytes()};
@@ -618,7 +618,7 @@ TEST_F(Conv2, ATimedChoiceIsFoundAgainInTheAlgorithmCache) {
   constexpr int kN = 64;
   {
     AlgoCache cache(file);
-    Conv2d conv(kConv2, BackendOptions{}, true, &cache);
+    Conv2d conv(kConv2, BackendOptions{}, &cache);
     conv.tune(cudnn.get(), kN, kWorkspaceCap);
     ASSERT_TRUE(conv.choice(kN));
   }
@@ -634,7 +634,7 @@ TEST_F(Conv2, ATimedChoiceIsFoundAgainInTheAlgorithmCache) {
   rewrite("0 " + fma + " 0 " + fma + " 0 " + fma);  // IMPLICIT_GEMM and the ALGO_0s, FMA math
   {
     AlgoCache cache(file);
-    Conv2d conv(kConv2, BackendOptions{}, true, &cache);
+    Conv2d conv(kConv2, BackendOptions{}, &cache);
     const std::size_t bytes = conv.tune(cudnn.get(), kN, kWorkspaceCap);
     const int m = CUDNN_FMA_MATH;
     EXPECT_EQ(conv.choice(kN), (ConvChoice{0, m, 0, m, 0, m}));
@@ -655,7 +655,7 @@ TEST_F(Conv2, ATimedChoiceIsFoundAgainInTheAlgorithmCache) {
     SCOPED_TRACE(bad);
     rewrite(bad);
     AlgoCache cache(file);
-    Conv2d conv(kConv2, BackendOptions{}, true, &cache);
+    Conv2d conv(kConv2, BackendOptions{}, &cache);
     conv.tune(cudnn.get(), kN, kWorkspaceCap);
     EXPECT_EQ(conv.choice(kN)->forward_math, static_cast<int>(CUDNN_FMA_MATH));
     std::ifstream in(file);
@@ -669,7 +669,7 @@ TEST_F(Conv2, ATimedChoiceIsFoundAgainInTheAlgorithmCache) {
     AlgoCache cache(fs::temp_directory_path() / "mnist_mt_no_such_dir_for_cache" / "x.txt");
     BackendOptions deterministic;
     deterministic.deterministic = true;
-    Conv2d conv(kConv2, deterministic, true, &cache);
+    Conv2d conv(kConv2, deterministic, &cache);
     conv.tune(cudnn.get(), kN, kWorkspaceCap);
     EXPECT_FALSE(fs::exists(fs::temp_directory_path() / "mnist_mt_no_such_dir_for_cache"));
     EXPECT_EQ(fs::last_write_time(file), before);

@@ -5,6 +5,8 @@
 #include <string>
 #include <string_view>
 
+#include "mnist_mt/file_io.hpp"  // cache_root()
+
 namespace mnist_mt {
 
 enum class DatasetKind { kMnist, kFashionMnist };
@@ -35,8 +37,6 @@ struct DataChoice {
   std::string notice;  // one line when the wanted data set was not found, else empty
 };
 
-// $XDG_CACHE_HOME/mnist_mt, else $HOME/.cache/mnist_mt; empty when neither is set.
-std::filesystem::path cache_root();
 // Where --download puts `kind` by default: cache_root/<dataset_key>.
 std::filesystem::path download_dir(const std::filesystem::path& cache_root, DatasetKind kind);
 

@@ -76,4 +76,8 @@ void remove_dead_temp_files(const std::filesystem::path& dir, const std::functio
 // The directory or file an environment variable names; nullopt when it is unset or empty.
 std::optional<std::filesystem::path> env_path(const char* name);
 
+// mnist_mt's cache: $XDG_CACHE_HOME/mnist_mt, else $HOME/.cache/mnist_mt; empty when
+// neither is set (downloads, cuDNN's timed algorithm choices).
+std::filesystem::path cache_root();
+
 }  // namespace mnist_mt

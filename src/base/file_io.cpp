@@ -251,4 +251,10 @@ std::optional<fs::path> env_path(const char* name) {
   return fs::path(value);
 }
 
+fs::path cache_root() {
+  if (auto xdg = env_path("XDG_CACHE_HOME")) return *xdg / "mnist_mt";
+  if (auto home = env_path("HOME")) return *home / ".cache" / "mnist_mt";
+  return {};
+}
+
 }  // namespace mnist_mt

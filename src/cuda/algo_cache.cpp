@@ -51,8 +51,7 @@ std::filesystem::path AlgoCache::default_file() {
   constexpr const char* kFile = "cudnn-algorithms.txt";
   if (const char* own = std::getenv("MNIST_MT_CACHE_DIR"))  // set and empty: no file
     return *own == '\0' ? std::filesystem::path() : std::filesystem::path(own) / kFile;
-  if (auto x = env_path("XDG_CACHE_HOME")) return *x / "mnist_mt" / kFile;
-  if (auto h = env_path("HOME")) return *h / ".cache" / "mnist_mt" / kFile;
+  if (const std::filesystem::path root = cache_root(); !root.empty()) return root / kFile;
   return {};
 }
 

@@ -73,11 +73,10 @@ std::string device_key() {
 
 }  // namespace
 
-Conv2d::Conv2d(const ConvShape& shape, const BackendOptions& options, bool data_grad, AlgoCache* cache)
+Conv2d::Conv2d(const ConvShape& shape, const BackendOptions& options, AlgoCache* cache)
     : shape_(shape),
       deterministic_(options.deterministic),
       tf32_(options.tf32),
-      data_grad_(data_grad),
       filter_(make_filter_desc(shape.out_channels, shape.in_channels, shape.kernel, shape.kernel)),
       // FMA math keeps fp32 convolutions off TF32 tensor cores, which cuDNN's default
       // math would use on Ampere and later.
@@ -87,7 +86,7 @@ Conv2d::Conv2d(const ConvShape& shape, const BackendOptions& options, bool data_
 
 std::string Conv2d::cache_key(int n, std::size_t limit) const {
   return device_key_ + " | conv " + std::to_string(shape_.in_channels) + "x" + std::to_string(shape_.in_side) + "^2 -> " +
-         std::to_string(shape_.out_channels) + " k" + std::to_string(shape_.kernel) + (data_grad_ ? " dgrad" : "") +
+         std::to_string(shape_.out_channels) + " k" + std::to_string(shape_.kernel) + " dgrad" +
          " | batch " + std::to_string(n) + " | workspace " + std::to_string(limit) + " | " + (tf32_ ? "tf32" : "fma");
 }
 
@@ -143,20 +142,18 @@ std::optional<Conv2d::Plan> Conv2d::make_plan(cudnnHandle_t handle, int n, Searc
   if (!filter) return missing("backward-filter");
   p.filter = std::move(*filter);
 
-  if (data_grad_) {
-    auto data = choose<cudnnConvolutionBwdDataAlgoPerf_t>(
-        handle, s, cudnnGetConvolutionBackwardDataAlgorithmMaxCount,
-        [&](int max, int* found, cudnnConvolutionBwdDataAlgoPerf_t* perfs) {
-          return s.timed ? cudnnFindConvolutionBackwardDataAlgorithm(handle, w, y, conv, x, max, found, perfs)
-                         : cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, w, y, conv, x, max, found, perfs);
-        },
-        [&](cudnnConvolutionDescriptor_t d, cudnnConvolutionBwdDataAlgo_t algo, std::size_t* size) {
-          return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, w, y, d, x, algo, size);
-        },
-        bytes, wanted(&ConvChoice::data, &ConvChoice::data_math));
-    if (!data) return missing("backward-data");
-    p.data = std::move(*data);
-  }
+  auto data = choose<cudnnConvolutionBwdDataAlgoPerf_t>(
+      handle, s, cudnnGetConvolutionBackwardDataAlgorithmMaxCount,
+      [&](int max, int* found, cudnnConvolutionBwdDataAlgoPerf_t* perfs) {
+        return s.timed ? cudnnFindConvolutionBackwardDataAlgorithm(handle, w, y, conv, x, max, found, perfs)
+                       : cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, w, y, conv, x, max, found, perfs);
+      },
+      [&](cudnnConvolutionDescriptor_t d, cudnnConvolutionBwdDataAlgo_t algo, std::size_t* size) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, w, y, d, x, algo, size);
+      },
+      bytes, wanted(&ConvChoice::data, &ConvChoice::data_math));
+  if (!data) return missing("backward-data");
+  p.data = std::move(*data);
   p.bytes = bytes;
   return p;
 }
@@ -196,7 +193,7 @@ std::optional<ConvChoice> Conv2d::choice(int n) const {
   const Plan* p = find(n);
   if (p == nullptr) return std::nullopt;
   return ConvChoice{static_cast<int>(p->forward.algo), p->forward.math, static_cast<int>(p->filter.algo),
-                    p->filter.math, data_grad_ ? static_cast<int>(p->data.algo) : -1, p->data.math};
+                    p->filter.math, static_cast<int>(p->data.algo), p->data.math};
 }
 
 const Conv2d::Plan& Conv2d::plan(cudnnHandle_t handle, int n, std::size_t limit) {

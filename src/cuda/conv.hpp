@@ -43,7 +43,7 @@ class Conv2d {
 
   // Made on the GPU it runs on (the current device). `cache`: where timed choices are
   // found and kept (null: none).
-  Conv2d(const ConvShape& shape, const BackendOptions& options, bool data_grad, AlgoCache* cache = nullptr);
+  Conv2d(const ConvShape& shape, const BackendOptions& options, AlgoCache* cache = nullptr);
 
   // Chooses the algorithms for batch `n` among those allowed that fit in `cap` bytes,
   // unless chosen already: the cache's, else the fastest as timed by cuDNN (which
@@ -83,7 +83,6 @@ class Conv2d {
   ConvShape shape_;
   bool deterministic_;
   bool tf32_;
-  bool data_grad_;
   FilterDescOwner filter_;
   ConvDescOwner conv_;  // searched with; each choice runs with its own (Choice::conv)
   AlgoCache* cache_;

@@ -150,7 +150,7 @@ MNIST_MT_HD void conv1_grad_share(const float* x, const float* out, const float*
   }
 }
 
-// Host only, the reference of block_tree_sum.cuh's order: `threads` (a multiple of 32)
+// Host only, the reference of block_sum.cuh's order: `threads` (a multiple of 32)
 // values, one a thread, added within each warp by halving (lane l += lane l + h for h =
 // 16, 8, 4, 2, 1), then the warps' totals in warp order.
 inline float block_tree_sum(const float* shares, int threads) {

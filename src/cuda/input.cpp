@@ -63,7 +63,7 @@ DeviceBatch InputStage::upload(const Batch& batch) {
           reinterpret_cast<const std::uint32_t*>(dev + at.epoch)};
 }
 
-DeviceBatch InputStage::upload_indices(std::span<const std::uint32_t> indices) {
+DeviceBatch InputStage::upload_indices(std::span<const std::uint32_t> indices, const std::uint32_t* epoch) {
   planned_ = pending_ = false;
   const std::size_t n = indices.size();
   if (n == 0 || n > max_batch_)
@@ -72,9 +72,10 @@ DeviceBatch InputStage::upload_indices(std::span<const std::uint32_t> indices) {
   const Layout at = layout(static_cast<std::uint32_t>(n));
   std::uint8_t* host = next_slot();
   std::memcpy(host + at.indices, indices.data(), n * sizeof(std::uint32_t));
-  const std::uint8_t* dev = send(at.indices, n * sizeof(std::uint32_t));
+  if (epoch != nullptr) std::memcpy(host + at.epoch, epoch, sizeof *epoch);  // right after the indices
+  const std::uint8_t* dev = send(at.indices, (epoch != nullptr ? at.bytes : at.epoch) - at.indices);
   return {static_cast<std::uint32_t>(n), nullptr, nullptr, reinterpret_cast<const std::uint32_t*>(dev + at.indices),
-          nullptr};
+          epoch != nullptr ? reinterpret_cast<const std::uint32_t*>(dev + at.epoch) : nullptr};
 }
 
 void InputStage::hold(std::span<const Samples> splits) {
@@ -180,18 +181,12 @@ DeviceBatch InputStage::load(const Batch& batch, float* x, float mean, float std
     normalize_images(b.images, x, std::size_t{b.size} * kImageBytes, mean, std, device_.compute());
     return b;
   }
-  const std::uint32_t n = batch.size;
-  if (n == 0 || n > max_batch_ || batch.indices.size() < n)
-    throw RuntimeFailure(device_.name() + ": batch of " + std::to_string(n) + " samples for a replica of at most " +
-                         std::to_string(max_batch_) + ", or its indices are short");
-  const Layout at = layout(n);
-  std::uint8_t* host = next_slot();
-  std::memcpy(host + at.indices, batch.indices.data(), std::size_t{n} * sizeof(std::uint32_t));
-  std::memcpy(host + at.epoch, &batch.epoch, sizeof batch.epoch);
-  std::uint8_t* dev = send(at.indices, at.bytes - at.indices);
-  const auto* samples = reinterpret_cast<const std::uint32_t*>(dev + at.indices);
-  gather_images(held->images(), held->labels(), samples, n, x, dev + at.labels, mean, std, device_.compute());
-  return {n, nullptr, dev + at.labels, samples, reinterpret_cast<const std::uint32_t*>(dev + at.epoch)};
+  // held_for() saw indices for every row.
+  DeviceBatch b = upload_indices(std::span(batch.indices).first(batch.size), &batch.epoch);
+  std::uint8_t* labels = slots_[current_].device.data() + layout(b.size).labels;  // the slot's, gathered into
+  gather_images(held->images(), held->labels(), b.indices, b.size, x, labels, mean, std, device_.compute());
+  b.labels = labels;
+  return b;
 }
 
 // The host may overwrite the pinned slot once its previous upload is done: normally
@@ -206,7 +201,7 @@ std::uint8_t* InputStage::next_slot() {
 // Uploads bytes [from, from + bytes) of the current slot once the compute stream has
 // finished reading it; compute work enqueued from now on sees them. Returns the slot's
 // device memory.
-std::uint8_t* InputStage::send(std::size_t from, std::size_t bytes) {
+const std::uint8_t* InputStage::send(std::size_t from, std::size_t bytes) {
   Slot& s = slots_[current_];
   CUDA_CHECK(cudaStreamWaitEvent(device_.copy(), s.consumed.get(), 0));
   CUDA_CHECK(cudaMemcpyAsync(s.device.data() + from, s.host.data() + from, bytes, cudaMemcpyHostToDevice,

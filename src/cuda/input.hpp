@@ -35,9 +35,9 @@ class InputStage {
   // Copies `batch` into the next slot and enqueues its upload; work enqueued on the
   // compute stream from now on sees it. The batch may be reused once this returns.
   DeviceBatch upload(const Batch& batch);
-  // upload() of sample indices alone (images and labels null), for rows whose images
-  // arrive by a collective.
-  DeviceBatch upload_indices(std::span<const std::uint32_t> indices);
+  // upload() of sample indices, and of `epoch` where given (images and labels null): for
+  // rows whose images arrive by a collective, or are gathered from a held split.
+  DeviceBatch upload_indices(std::span<const std::uint32_t> indices, const std::uint32_t* epoch = nullptr);
   // Keeps `splits` in device memory (hold_split) where the stage was made to, in place of
   // those it held. They outlive their use here.
   void hold(std::span<const Samples> splits);
@@ -68,7 +68,7 @@ class InputStage {
 
  private:
   std::uint8_t* next_slot();
-  std::uint8_t* send(std::size_t from, std::size_t bytes);
+  const std::uint8_t* send(std::size_t from, std::size_t bytes);
 
   struct Slot {
     PinnedBuffer<std::uint8_t> host;

@@ -42,7 +42,7 @@ class CudaReplica final : public Replica {
         cudnn_(make_cudnn(device.compute())),
         cublas_workspace_(kCublasWorkspace),
         cublas_(make_cublas(device.compute(), cublas_workspace_, options.tf32)),
-        conv2_(kConv2Shape, options, true, &AlgoCache::shared()),
+        conv2_(kConv2Shape, options, &AlgoCache::shared()),
         workspace_(std::max<std::size_t>(tune_convs(), 256)),
         params_(kParamCount),
         grads_(kParamCount),

@@ -30,11 +30,6 @@ bool holds_idx_files(const fs::path& dir) {
   return true;
 }
 
-std::string env(const char* name) {
-  const char* value = std::getenv(name);
-  return value == nullptr ? std::string() : std::string(value);
-}
-
 // The places the search looks, in order, for the data set `kind`. A directory the user
 // named (--data, $MNIST_MT_DATA) is the only place looked at, so a mistyped one is
 // reported instead of passed over.
@@ -54,12 +49,6 @@ std::string_view dataset_name(DatasetKind kind) { return kind == DatasetKind::kM
 std::string_view dataset_key(DatasetKind kind) { return kind == DatasetKind::kMnist ? "mnist" : "fashion-mnist"; }
 std::string_view torchvision_folder(DatasetKind kind) {
   return kind == DatasetKind::kMnist ? "MNIST" : "FashionMNIST";
-}
-
-fs::path cache_root() {
-  if (const std::string xdg = env("XDG_CACHE_HOME"); !xdg.empty()) return fs::path(xdg) / "mnist_mt";
-  if (const std::string home = env("HOME"); !home.empty()) return fs::path(home) / ".cache" / "mnist_mt";
-  return {};
 }
 
 fs::path download_dir(const fs::path& cache_root, DatasetKind kind) { return cache_root / dataset_key(kind); }

@@ -44,8 +44,9 @@ class DdpWorker {
         device_(run.device(rank)),
         comm_(run.comm(rank)),
         factors_(run.factors()),
-        solo_(run.shards() == 1 && !factors_ && !comm_.keeps_reduced_squares()),
-        buckets_(solo_ ? std::vector<Bucket>{} : make_buckets(run.config().bucket_mb, factors_ ? kFc1 : -1)),
+        buckets_(run.shards() == 1 && !factors_ && !comm_.keeps_reduced_squares()
+                     ? std::vector<Bucket>{}
+                     : make_buckets(run.config().bucket_mb, factors_ ? kFc1 : -1)),
         step_(run.start().step),
         timer_(device_, rank, run.trace()),
         graphs_(device_, comm_, run.phase_times()),
@@ -251,7 +252,7 @@ class DdpWorker {
     timer_.end_backward();
 
     run_.beat(rank_, step_, Phase::kOptimizer);
-    if (!solo_) device_.compute_wait_comm();
+    if (!buckets_.empty()) device_.compute_wait_comm();
     timer_.end_comm_wait();
     // fc1's gradients over the world's rows (every rank's batch has `rows`: drop_last).
     if (factors_) replica_->grads_from_factors(rows * static_cast<std::uint32_t>(run_.world()));
@@ -314,10 +315,10 @@ class DdpWorker {
   Device& device_;
   Communicator& comm_;
   const bool factors_;  // fc1's factors exchanged instead of its gradient (Run::factors)
-  // A world of one rank and one shard, whose gradients are their own average: no
-  // collective, and nothing on the comm stream, in its steps. Not where the communicator's
-  // pass is also the norm's (CPU devices: keeps_reduced_squares), which runs beside backward.
-  const bool solo_;
+  // None for a world of one rank and one shard, whose gradients are their own average:
+  // no collective, and nothing on the comm stream, in its steps. Not where the
+  // communicator's pass is also the norm's (CPU devices: keeps_reduced_squares), which
+  // runs beside backward. make_buckets() gives at least one.
   const std::vector<Bucket> buckets_;
   std::uint64_t step_;  // global: optimizer steps taken
   std::unique_ptr<Replica> replica_;

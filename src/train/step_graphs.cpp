@@ -55,12 +55,7 @@ void StepGraphs::run(const Key& key, StepTimer& timer, const std::function<void(
 }
 
 void StepGraphs::replay(RecordedStep& graph, StepTimer& timer) {
-  const std::size_t made = device_.replay(graph, marks_);
-  if (made == 0) {
-    timer.replayed_whole();
-  } else {
-    timer.replayed(std::span<const TimeMark>(marks_.data(), made));
-  }
+  timer.replayed(std::span<const TimeMark>(marks_.data(), device_.replay(graph, marks_)));
 }
 
 }  // namespace mnist_mt

@@ -39,6 +39,7 @@ void StepTimer::begin_comm(CommKind what) {
 }
 
 void StepTimer::replayed(std::span<const TimeMark> marks) {
+  if (marks.empty()) return replayed_whole();
   Step& s = open();
   if (s.count + marks.size() > kMaxMarks)
     throw RuntimeFailure("a replayed step made more than " + std::to_string(kMaxMarks) + " time marks");

@@ -41,7 +41,8 @@ class StepTimer {
 
   // A recorded step (step_graphs.hpp): the marks made while its work was recorded will
   // never be passed, and are dropped (those after the first `count` of the open step);
-  // replayed() takes the marks its replay records instead, in the same order.
+  // replayed() takes the marks its replay records instead, in the same order (none: the
+  // step is timed whole, replayed_whole()).
   std::size_t marks() { return open().count; }
   void drop_marks_after(std::size_t count) { open().count = count; }
   void replayed(std::span<const TimeMark> marks);

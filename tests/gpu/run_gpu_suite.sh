@@ -20,16 +20,17 @@
 # The checks, each under a time limit: the GPU test binaries (collectives over NCCL and
 # in the local group of ranks sharing one GPU; the replica, each kernel and the trainer
 # against the CPU backend, judged by saved checkpoints), PyTorch on the same GPU taking the same 200
-# steps from the same weights (step_trace + torch_compare.py, TF32 off, then both with TF32), one epoch of
-# training, a worker fault (exit 3, no hang), the step benchmark with each operation of the
+# steps from the same weights (step_trace + torch_compare.py, TF32 off, then both with
+# TF32), one epoch of training, a worker fault (exit 3, no hang), the step benchmark with each operation of the
 # step timed on its own (op_table.py: a table in summary.txt), PyTorch's step timed on
 # the same GPU (torch_speed.py: eager, torch.compile, reduce-overhead, one captured CUDA
 # graph; set beside bench_step's by torch_speed_table.py in summary.txt), the time to 99%
 # test accuracy of --recipe fast against PyTorch's same recipe on the same GPU
 # (bench/pytorch/recipe.py --device cuda) and the allreduce benchmark.
 # The checks of one rank a GPU run first, then the time to 99%, then those of ranks
-# sharing one GPU; last, where time is left, the TF32 comparison. A check still running at its limit has each thread's stack written to the log
-# (cuda-gdb), then is killed; the suite stops starting checks after SUITE_SECONDS (540).
+# sharing one GPU; last, where time is left, the TF32 comparison. A check still running at
+# its limit has each thread's stack written to the log (cuda-gdb), then is killed; the
+# suite stops starting checks after SUITE_SECONDS (540).
 # torch_speed takes what the checks before it left, at most 150 s, keeping the limits of
 # the time to 99% and the shared-GPU checks free (not the last one's).
 # On a GPU host a skipped test is a failure. Writes to $OUT: summary.txt (date, GPU,
@@ -222,20 +223,13 @@ gtest() {
   else record "$name" PASS "${took}s"; fi
 }
 # The limits of the checks after torch_speed, which it leaves free.
-shared_trainer_s=45 shared_comm_s=40 allreduce_s=30 tta_s=70
+shared_trainer_s=45 shared_comm_s=40 allreduce_s=30 tta_ours_s=30 tta_torch_s=40
 shared_trainer='CudaTrainer.RanksSharingTheGpu*:CudaTrainer.AFailingRankAmongPeers*:CudaTrainer.ResumingWithPeers*'
 gtest test_cuda_kernels all 45
 gtest test_cuda_replica all 50
 gtest test_cuda_trainer one-rank 70 "-$shared_trainer"
 gtest test_cuda_comm nccl 30 '*/Nccl:CudaCommAnywhere.*'
 
-# PyTorch on the same GPU takes the steps mnist_mt took: gradients, then the loss curve;
-# in fp32 (TF32 off on both sides), then with TF32 (--precision tf32 against PyTorch with
-# TF32 allowed for convolutions and matrix products). TF32 keeps 10 of float32's 23 bits
-# of mantissa (a product's relative rounding up to 2^-11, about 4.9e-4, against 6e-8),
-# so its limits are set from that, before any run: step 0's gradients 1e-2 normwise, the
-# first 20 losses 5e-3, the means of 20 steps 3% as in fp32. Both results go into
-# torch_compare.json, by precision.
 # merge_json OUT PREFIX FILE...: one JSON object of the files, each under its name less
 # PREFIX and .json (a file that cannot be read: its error).
 merge_json() {
@@ -254,6 +248,13 @@ json.dump(merged, open(sys.argv[1], "w"))
 PY
 }
 
+# PyTorch on the same GPU takes the steps mnist_mt took: gradients, then the loss curve;
+# in fp32 (TF32 off on both sides), then with TF32 (--precision tf32 against PyTorch with
+# TF32 allowed for convolutions and matrix products). TF32 keeps 10 of float32's 23 bits
+# of mantissa (a product's relative rounding up to 2^-11, about 4.9e-4, against 6e-8),
+# so its limits are set from that, before any run: step 0's gradients 1e-2 normwise, the
+# first 20 losses 5e-3, the means of 20 steps 3% as in fp32. Both results go into
+# torch_compare.json, by precision.
 compare_steps() {  # compare_steps PRECISION [torch_compare.py's limits...]
   local precision=$1 name=torch_compare
   shift
@@ -301,7 +302,7 @@ python3 "$bin/op_table.py" --bench-step "$out/bench_step.json" 2>&1 | sed 's/^/ 
 # PyTorch's step on the same GPU, timed, beside bench_step's. Its limit is what is left after
 # the later checks' limits (at most 150 s); the script skips, and names, the rows its
 # --budget-s (20 s short of the limit, for a row longer than estimated) has no room for.
-later=$((tta_s + shared_trainer_s + shared_comm_s + (gpus >= 2 ? allreduce_s : 0)))
+later=$((tta_ours_s + tta_torch_s + shared_trainer_s + shared_comm_s + (gpus >= 2 ? allreduce_s : 0)))
 speed_s=$((budget - SECONDS - later))
 [ "$speed_s" -gt 150 ] && speed_s=150
 if [ "$speed_s" -lt 30 ]; then
@@ -330,10 +331,10 @@ fi
 if [ "$data_name" != mnist ]; then
   record time_to_99 FAIL "not run: the bundle carries $data_name (MNIST could not be fetched when packing)"
 else
-  run_logged tta_mnist_mt 30 "$bin/mnist_mt" --gpus 0 --recipe fast --seed 1 --target-accuracy 99 --eval-every 117 \
+  run_logged tta_mnist_mt "$tta_ours_s" "$bin/mnist_mt" --gpus 0 --recipe fast --seed 1 --target-accuracy 99 --eval-every 117 \
     --data "$data_dir" --metrics "$work/tta.jsonl"
   ours_code=$code ours_took=$took
-  run_logged tta_pytorch 40 python3 "$bin/recipe.py" --device cuda --data "$data_dir" --recipe fast --seed 1 \
+  run_logged tta_pytorch "$tta_torch_s" python3 "$bin/recipe.py" --device cuda --data "$data_dir" --recipe fast --seed 1 \
     --target-accuracy 99 --eval-every 117 --result "$work/tta_torch.json"
   detail=$(python3 "$bin/time_to_99.py" --ours "$work/tta.jsonl" --theirs "$work/tta_torch.json" 2>>"$log")
   if [ $? = 0 ] && [ "$ours_code" = 0 ] && [ "$code" = 0 ]; then record time_to_99 PASS "$detail"
