@@ -91,7 +91,7 @@ inline Process spawn_command(const std::vector<std::string>& command, const std:
       setenv(entry.substr(0, eq).c_str(), entry.substr(eq + 1).c_str(), 1);
     }
     if (file_limit > 0) {
-      signal(SIGXFSZ, SIG_IGN);  // write() then fails with EFBIG, as on a full disk
+      signal(SIGXFSZ, SIG_DFL);  // as a shell leaves it: mnist_mt must ignore it itself
       const rlimit limit{file_limit, file_limit};
       setrlimit(RLIMIT_FSIZE, &limit);
     }

@@ -85,6 +85,20 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
       {{"--betas", "0.9,1"}, "--betas"},
       {{"--eps", "-1"}, "--eps"},
       {{"--rho", "2"}, "--rho"},
+      {{"--batch-size", "-1"}, "--batch-size", "--batch-size: must be from 1 to 4294967295, got -1"},
+      // One line, whatever a value holds: control characters as \xNN.
+      {{"--optimizer", "sg\nd\x1b[1m"}, "--optimizer",
+       "--optimizer: no optimizer 'sg\\x0ad\\x1b[1m' (sgd, adam, adamw, adadelta)"},
+      // Another optimizer's flags, which would do nothing; an epsilon of 0 (0/0).
+      {{"--betas", "0.9,0.99", "--cpu", "1"}, "--betas",
+       "--betas: Adam's and AdamW's; the sgd optimizer has none (--optimizer)"},
+      {{"--optimizer", "adam", "--rho", "0.9", "--cpu", "1"}, "--rho",
+       "--rho: Adadelta's; the adam optimizer has none (--optimizer)"},
+      {{"--eps", "1e-6", "--cpu", "1"}, "--eps",
+       "--eps: Adam's, AdamW's and Adadelta's; the sgd optimizer has none (--optimizer)"},
+      {{"--optimizer", "adadelta", "--eps", "0", "--cpu", "1"}, "--eps",
+       "--eps: epsilon 0 must be above 0 (as a float) for adadelta: with 0 its first update divides 0 by 0 "
+       "wherever a gradient element is 0"},
       {{"--nesterov", "--cpu", "1"}, "--nesterov"},
       {{"--optimizer", "adam", "--momentum", "0.9", "--cpu", "1"}, "--momentum"},
       {{"--lr-schedule", "linear"}, "--lr-schedule"},

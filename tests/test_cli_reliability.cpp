@@ -19,6 +19,7 @@
 
 #include <cstring>
 #include <functional>
+#include <thread>
 
 #include "cli_runner.hpp"
 #include "loopback.hpp"
@@ -195,6 +196,25 @@ TEST_F(CliReliability, AFullDiskExits3AndKeepsThePreviousCheckpointLoadable) {
   EXPECT_EQ(slurp_binary(path), before);
   EXPECT_FALSE(temp_files_left());
   EXPECT_EQ(run_cli(second).exit_code, 0);  // it loads, and the run goes on with room
+}
+
+// A save that fails mid-run because its directory went away (checked before any work,
+// so not bad input) is a runtime failure: exit 3, one line naming the file.
+TEST_F(CliReliability, ASaveWhoseDirectoryVanishedMidRunExits3) {
+  const fs::path gone = dir_ / "gone";
+  fs::create_directory(gone);
+  const fs::path path = gone / "model.safetensors";
+  Process p = spawn({"--cpu", "1", "--batch-size", "8", "--epochs", "1", "--max-steps", "400", "--save-every", "1",
+                     "--data", small_data().string(), "--save", path.string()});
+  // Each step saves 4.8 MB with an fsync: the run is still going when the first lands.
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!fs::exists(path) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(fs::exists(path));
+  fs::remove_all(gone);
+  const Outcome o = finish(p, 60s);
+  EXPECT_EQ(o.exit_code, 3) << o.err;
+  EXPECT_EQ(count_lines(o.err), 1) << o.err;
+  EXPECT_NE(o.err.find(path.string() + ": cannot create a temp file"), std::string::npos) << o.err;
 }
 
 TEST_F(CliReliability, MetricsAndSummaryReportPeakResidentMemory) {
@@ -731,6 +751,30 @@ TEST_F(CliOutputs, EvalAndPredictSurviveAClosedStdoutAndStillWriteTheirFiles) {
   EXPECT_EQ(o.exit_code, 3) << o.err;
   EXPECT_EQ(o.err, "mnist_mt: error: standard output: cannot write the results\n");
   EXPECT_EQ(slurp(json).rfind("{\"checkpoint\":", 0), 0u);
+}
+
+// Training too: its checkpoint written, then a closed pipe noted (exit 0) and any other
+// write error on stdout reported (exit 3).
+TEST_F(CliOutputs, TrainingReportsAStdoutWriteErrorAfterWritingItsFiles) {
+  const fs::path ck = dir_ / "trained.safetensors";
+  Outcome o = run_with_stdout(train({"--save", ck.string()}), [] {
+    int fds[2];
+    if (pipe(fds) != 0) _exit(126);
+    close(fds[0]);
+    dup2(fds[1], STDOUT_FILENO);
+  });
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(count_lines(o.err), 1) << o.err;
+  EXPECT_NE(o.err.find("standard output"), std::string::npos) << o.err;
+  EXPECT_TRUE(fs::exists(ck));
+  fs::remove(ck);
+  o = run_with_stdout(train({"--save", ck.string()}), [] {
+    const int full = open("/dev/full", O_WRONLY);
+    dup2(full, STDOUT_FILENO);
+  });
+  EXPECT_EQ(o.exit_code, 3) << o.err;
+  EXPECT_EQ(o.err, "mnist_mt: error: standard output: cannot write the results\n");
+  EXPECT_TRUE(fs::exists(ck));
 }
 
 TEST_F(CliOutputs, AFifoGivenAsAnInputIsRefusedWithoutWaitingForAWriter) {

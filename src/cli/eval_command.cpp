@@ -84,6 +84,8 @@ int run_eval(const EvalFlags& f) {
       write_file_atomically(*f.json, {reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
     } catch (const InputError& e) {
       throw InputError(std::string("--json: ") + e.what());
+    } catch (const RuntimeFailure& e) {
+      throw RuntimeFailure(std::string("--json: ") + e.what());
     }
   }
   finish_stdout();

@@ -19,7 +19,21 @@
 
 namespace {
 
-void report(const char* what) { std::cerr << "mnist_mt: error: " << what << std::endl; }
+// One line whatever the message quotes: a control character (a newline in a path, an
+// escape sequence in a file name) is written as \xNN.
+void report(const char* what) {
+  std::string line;
+  for (const char* c = what; *c != '\0'; ++c) {
+    const auto byte = static_cast<unsigned char>(*c);
+    if (byte >= 0x20 && byte != 0x7f) {
+      line += *c;
+      continue;
+    }
+    constexpr char kHex[] = "0123456789abcdef";
+    line += {'\\', 'x', kHex[byte >> 4], kHex[byte & 15]};
+  }
+  std::cerr << "mnist_mt: error: " << line << std::endl;
+}
 
 // Runs the chosen command, mapping errors to exit codes. `speaks(error)` says whether
 // this process prints the error's line (it may wait first).
@@ -93,6 +107,10 @@ int main(int argc, char** argv) {
   // As training does (SignalWatch): a reader that closes the pipe early fails the
   // writes to stdout, which finish_stdout reports, instead of ending us before our files.
   std::signal(SIGPIPE, SIG_IGN);
+  // Likewise a file size limit (ulimit -f): a write past it then fails with EFBIG, which
+  // the file's writer reports (exit 3, its temp file removed), instead of SIGXFSZ ending
+  // us with a temp file left behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   if (eval_app->parsed()) return guarded([&] { return run_eval(eval); });
   if (predict_app->parsed()) return guarded([&] { return run_predict(predict); });
   // Training only: the first SIGINT/SIGTERM stops it after the step in flight with a

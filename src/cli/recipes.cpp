@@ -103,6 +103,14 @@ void apply_training_flags(const TrainingFlags& f, std::size_t world, TrainConfig
   if (f.betas) std::tie(o.beta1, o.beta2) = parse_betas(*f.betas);
   if (f.eps) o.eps = *f.eps;
   if (f.rho) o.rho = *f.rho;
+  // Another optimizer's flags would do nothing: refused, as --momentum is with Adam.
+  const std::string name(optimizer_name(kind));
+  if (f.betas && kind != OptimizerKind::kAdam && kind != OptimizerKind::kAdamW)
+    throw InputError("--betas: Adam's and AdamW's; the " + name + " optimizer has none (--optimizer)");
+  if (f.eps && kind == OptimizerKind::kSgd)
+    throw InputError("--eps: Adam's, AdamW's and Adadelta's; the sgd optimizer has none (--optimizer)");
+  if (f.rho && kind != OptimizerKind::kAdadelta)
+    throw InputError("--rho: Adadelta's; the " + name + " optimizer has none (--optimizer)");
   config.optimizer = o;
 
   ScheduleOptions s;
@@ -123,7 +131,7 @@ void apply_training_flags(const TrainingFlags& f, std::size_t world, TrainConfig
 
   config.epochs = f.epochs ? count_flag(*f.epochs, 0, "--epochs") : recipe.epochs;
   if (f.batch) {
-    config.batch = count_flag(*f.batch, 0, "--batch-size");
+    config.batch = count_flag(*f.batch, 1, "--batch-size");
   } else if (recipe.global_batch) {
     if (world == 0 || recipe.batch % world != 0)
       throw InputError("--recipe " + std::string(recipe.name) + ": its global batch of " +

@@ -222,6 +222,9 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
     std::vector<char> all(static_cast<std::size_t>(processes->count()));
     allgather_within(*processes, &mine, all.data(), 1, config.timeout_s, "at the end of the run");
   }
+  // Its files are written by now: a write error on stdout (a full disk, a closed
+  // descriptor) fails the run as eval's does; a reader that went away is only noted.
+  if (reports) finish_stdout();
   return result.interrupted ? interrupted(*result.interrupted) : 0;
 }
 

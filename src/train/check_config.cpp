@@ -37,6 +37,12 @@ void check_optimizer(const OptimizerOptions& o) {
     if (!(beta >= 0 && beta < 1))
       throw InputError("beta " + show(beta) + " must be at least 0 and below 1", "optimizer.betas");
   if (!(o.rho >= 0 && o.rho <= 1)) throw InputError("rho " + show(o.rho) + " must be between 0 and 1", "optimizer.rho");
+  // torch.optim takes 0, but then the first update divides 0 by 0 wherever a gradient
+  // element is 0 (a ReLU that never fired) and the model is NaN from step 1 on.
+  if (!sgd && !(static_cast<float>(o.eps) > 0))
+    throw InputError("epsilon " + show(o.eps) + " must be above 0 (as a float) for " + std::string(optimizer_name(o.kind)) +
+                         ": with 0 its first update divides 0 by 0 wherever a gradient element is 0",
+                     "optimizer.eps");
 }
 
 void check_rank(const char* what, int rank, std::size_t world, const char* input) {
