@@ -20,6 +20,7 @@
 #include <cstring>
 #include <functional>
 #include <thread>
+#include <tuple>
 
 #include "cli_runner.hpp"
 #include "loopback.hpp"
@@ -677,6 +678,56 @@ TEST_F(CliOutputs, AResumedRunAppendsToItsMetricsAndANewRunReplacesThem) {
   ASSERT_EQ(run_cli(again).exit_code, 0);
   EXPECT_EQ(count_lines(slurp(metrics)), 1);
   EXPECT_FALSE(hidden_files(dir_));
+}
+
+// A resume from an earlier checkpoint trains its later epochs again: their old lines go,
+// so that the file still holds every epoch once, in order.
+TEST_F(CliOutputs, AResumeFromAnEarlierCheckpointRewritesTheLaterEpochsOnce) {
+  const fs::path ck = dir_ / "model.safetensors", first = dir_ / "epoch1.safetensors", metrics = dir_ / "m.json";
+  const auto run = [&](int epochs, const std::vector<std::string>& extra) {
+    std::vector<std::string> a{"--cpu", "1", "--batch-size", "8", "--epochs", std::to_string(epochs), "--max-steps",
+                               "2", "--data", small_data().string(), "--metrics", metrics.string()};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run_cli(a).exit_code;
+  };
+  ASSERT_EQ(run(1, {"--save", ck.string()}), 0);
+  fs::copy_file(ck, first);
+  const std::string epoch1 = slurp(metrics);
+  ASSERT_EQ(run(3, {"--save", ck.string(), "--load", ck.string()}), 0);
+  ASSERT_EQ(count_lines(slurp(metrics)), 3);
+  ASSERT_EQ(run(3, {"--load", first.string()}), 0);
+  const std::string after = slurp(metrics);
+  EXPECT_EQ(after.rfind(epoch1, 0), 0u) << after;
+  std::istringstream lines(after);
+  int epoch = 0;
+  for (std::string line; std::getline(lines, line);)
+    EXPECT_EQ(line.rfind("{\"epoch\":" + std::to_string(++epoch) + ",", 0), 0u) << line;
+  EXPECT_EQ(epoch, 3);
+}
+
+// The same layout resumed in the other mode adds its sums otherwise, and says so.
+TEST_F(CliOutputs, AResumeInTheOtherModeSaysItIsNotBitForBit) {
+  const fs::path ddp = dir_ / "ddp.safetensors", dp = dir_ / "dp.safetensors";
+  const auto args = [&](int epochs, const std::vector<std::string>& extra) {
+    std::vector<std::string> a{"--cpu", "2", "--batch-size", "8", "--epochs", std::to_string(epochs), "--max-steps",
+                               "2", "--data", small_data().string()};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  ASSERT_EQ(run_cli(args(1, {"--save", ddp.string()})).exit_code, 0);
+  ASSERT_EQ(run_cli(args(1, {"--save", dp.string(), "--mode", "dp"})).exit_code, 0);
+  for (const auto& [load, mode, says] :
+       std::vector<std::tuple<fs::path, std::string, std::string>>{{ddp, "dp", "(not bit for bit: --mode dp)"},
+                                                                   {dp, "ddp", "(not bit for bit: its sums were not added shard by shard)"},
+                                                                   {ddp, "ddp", ""}, {dp, "dp", ""}}) {
+    SCOPED_TRACE(load.string() + " in " + mode);
+    const Outcome o = run_cli(args(2, {"--load", load.string(), "--mode", mode}));
+    ASSERT_EQ(o.exit_code, 0) << o.err;
+    if (says.empty())
+      EXPECT_EQ(o.out.find("not bit for bit"), std::string::npos) << o.out;
+    else
+      EXPECT_NE(o.out.find(says), std::string::npos) << o.out;
+  }
 }
 
 // Temp files named for a writer that is gone (here: a child that exited) go at the

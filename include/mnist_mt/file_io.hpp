@@ -38,10 +38,9 @@ bool same_file(const std::filesystem::path& a, const std::filesystem::path& b);
 
 // Written in pieces, then committed: until commit() the target is untouched, and a
 // file that is never committed leaves nothing behind. Errors throw naming the target:
-// InputError when it breaks the rule above (the path is wrong), RuntimeFailure when the
-// temp file cannot be made or renamed, or a write, fsync or close fails: check_output
-// passed the path before any work, so its directory changed since, the disk is full, or
-// a file size limit was reached. The temp file, ".<name>.tmp-<pid>-<n>" beside the final target,
+// InputError when it breaks the rule above or the temp file cannot be made or renamed
+// (the path is wrong), RuntimeFailure when a write, fsync or close fails (a full disk,
+// a file size limit). The temp file, ".<name>.tmp-<pid>-<n>" beside the final target,
 // is left only by a process killed mid-save; the next save to that target removes it
 // once process <pid> is gone.
 class AtomicFile {

@@ -198,7 +198,7 @@ AtomicFile::AtomicFile(fs::path path) : path_(std::move(path)), target_(replacea
     fd_ = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     return fd_ >= 0;
   });
-  if (fd_ < 0) fail_write(path_, "cannot create a temp file in its directory: " + errno_text());
+  if (fd_ < 0) fail(path_, "cannot create a temp file in its directory: " + errno_text());
 }
 
 AtomicFile::~AtomicFile() {
@@ -222,7 +222,7 @@ void AtomicFile::commit() {
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) fail_write(path_, "cannot close: " + errno_text());
-  if (::rename(temp_.c_str(), target_.c_str()) != 0) fail_write(path_, "cannot rename the temp file: " + errno_text());
+  if (::rename(temp_.c_str(), target_.c_str()) != 0) fail(path_, "cannot rename the temp file: " + errno_text());
   committed_ = true;
   sync_directory(target_);
 }

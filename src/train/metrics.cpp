@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <nlohmann/json.hpp>
 
@@ -16,12 +17,23 @@ constexpr std::uint64_t kMaxMetricsBytes = std::uint64_t{64} << 20;
 
 }  // namespace
 
-MetricsFile::MetricsFile(const std::filesystem::path& path, bool append) : path_(path) {
+MetricsFile::MetricsFile(const std::filesystem::path& path, bool append, std::uint64_t kept_epochs) : path_(path) {
   struct stat st {};
   if (!append || (::stat(path.c_str(), &st) != 0 && errno == ENOENT)) return;
   const std::vector<std::uint8_t> bytes = read_file_bytes(path, kMaxMetricsBytes);
-  text_.assign(bytes.begin(), bytes.end());
-  if (!text_.empty() && text_.back() != '\n') text_ += '\n';  // a line cut short stays a line of its own
+  const std::string text(bytes.begin(), bytes.end());
+  // Line by line; a line cut short stays a line of its own, and one that is not an
+  // epoch's record (not JSON, no epoch number) is kept as it is.
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    const std::string line = text.substr(at, end - at);
+    at = end + 1;
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+    if (record.is_object() && record.contains("epoch") && record["epoch"].is_number_unsigned() &&
+        record["epoch"].get<std::uint64_t>() > kept_epochs)
+      continue;
+    text_ += line + '\n';
+  }
 }
 
 void MetricsFile::write(const EpochMetrics& m) {

@@ -33,8 +33,10 @@ class Stopwatch {
 class MetricsFile {
  public:
   // `append` (a run resumed with --load): the lines the file holds now are kept before
-  // this run's. Throws InputError when they cannot be read.
-  MetricsFile(const std::filesystem::path& path, bool append);
+  // this run's, but for those of epochs after `kept_epochs` (the checkpoint's completed
+  // epochs), which this run trains again: the file holds every epoch once. Throws
+  // InputError when they cannot be read.
+  MetricsFile(const std::filesystem::path& path, bool append, std::uint64_t kept_epochs = 0);
   void write(const EpochMetrics& m);
 
  private:

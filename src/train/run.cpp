@@ -81,7 +81,7 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
     *config_.progress << "mnist_mt: resuming a checkpoint trained with " << precision_name(start_.bf16_products)
                       << " products with " << precision_name(bf16_products())
                       << " ones (--precision): not bit for bit\n";
-  if (config_.metrics && place_.process() == 0) metrics_.emplace(*config_.metrics, config_.load.has_value());
+  if (config_.metrics && place_.process() == 0) metrics_.emplace(*config_.metrics, config_.load.has_value(), start_.epoch);
   if (config_.trace && place_.process() == 0) trace_.emplace(*config_.trace, start_.step, config_.trace_steps);
   Watchdog::Hooks hooks;
   hooks.on_stall = [this](int rank, std::uint64_t step, Phase phase, double seconds) {
@@ -311,7 +311,7 @@ void Run::end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step, std::u
     m.bytes_sent_per_step = bytes_sent_per_step(factors_, config_.batch, place_.world);
   }
   result_.epochs.push_back(m);
-  if (metrics_) metrics_->write(m);
+  if (metrics_) runtime_write([&] { metrics_->write(m); });
   progress_.end_epoch(m);
   // A position inside the epoch counts the epochs before it as completed.
   if (config_.save) save(replica, epoch_step == 0 ? m.epoch : m.epoch - 1, epoch_step, step, *config_.save);

@@ -24,7 +24,7 @@ void Saver::save(const std::filesystem::path& path, const Checkpoint& checkpoint
                          "; not saved, " + path.string() + " keeps the last good checkpoint");
   }
   if (keep_ <= 1) {
-    save_checkpoint(path, checkpoint);
+    runtime_write([&] { save_checkpoint(path, checkpoint); });
     return;
   }
   const std::filesystem::path target = output_target(path);
@@ -32,13 +32,21 @@ void Saver::save(const std::filesystem::path& path, const Checkpoint& checkpoint
   // A killed save of another step left its temp file under that step's name.
   remove_dead_temp_files(numbered.parent_path().empty() ? "." : numbered.parent_path(),
                          [&](std::string_view name) { return is_numbered_checkpoint(target, name); });
-  save_checkpoint(numbered, checkpoint);
+  runtime_write([&] { save_checkpoint(numbered, checkpoint); });
   link_atomically(numbered, target);
   if (kept_.empty() || kept_.back() != numbered) kept_.push_back(numbered);
   while (kept_.size() > keep_) {
     std::error_code ignored;  // a file the user removed already is no failure
     std::filesystem::remove(kept_.front(), ignored);
     kept_.pop_front();
+  }
+}
+
+void runtime_write(const std::function<void()>& write) {
+  try {
+    write();
+  } catch (const InputError& e) {
+    throw RuntimeFailure(e.what());
   }
 }
 

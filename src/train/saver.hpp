@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <functional>
 
 #include "mnist_mt/checkpoint.hpp"
 
@@ -29,5 +30,10 @@ class Saver {
 // the rule of every output refuses (check_output, mnist_mt/file_io.hpp): checked before
 // training starts.
 void check_output_path(const std::filesystem::path& path, const char* what, const char* input);
+
+// Runs `write`, one of the run's writes to an output that check_output_path passed at
+// the start: an InputError it throws (its directory removed since, its temp file not
+// made) is then no bad input but a runtime failure, and is rethrown as one, same text.
+void runtime_write(const std::function<void()>& write);
 
 }  // namespace mnist_mt

@@ -240,7 +240,15 @@ ShardLayout layout_of(const TrainConfig& config, const Place& place, const Check
                        "load");
     return layout;
   }
-  if (start.world == world) return layout;
+  if (start.world == world) {
+    // The same layout adds the same sums, unless one side added them otherwise: ddp's
+    // shard by shard against dp's (a factors checkpoint's own note is Run's).
+    if (!start.fc1_factors && start.shard_order != sums_in_shard_order(config, place, backend))
+      layout.note = "mnist_mt: resuming a checkpoint of " + theirs + " on " + ours +
+                    ": the same steps, their sums rounded otherwise (not bit for bit: " +
+                    (config.mode != Mode::kDdp ? "--mode dp" : "its sums were not added shard by shard") + ")";
+    return layout;
+  }
   const bool bf16 = backend.precision() == Precision::kBf16;
   const std::string why = config.mode != Mode::kDdp     ? "--mode dp"
                           : start.bf16_products != bf16 ? std::string("its products were ") +

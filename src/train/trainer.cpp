@@ -12,7 +12,7 @@ TrainResult train(Backend& backend, const Dataset& data, const TrainConfig& conf
     train_ddp(run);
   }
   run.rethrow_failure();
-  if (TraceLog* trace = run.trace()) trace->write();
+  if (TraceLog* trace = run.trace()) runtime_write([&] { trace->write(); });
   return run.take_result();
 }
 
