@@ -120,6 +120,7 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
       {{"--lr", "1e-50"}, "--lr", "--lr: 1e-50 is closer to 0 than a float holds (its least above 0: 1.4013e-45)"},
       {{"--lr", "abc"}, "--lr", "--lr: 'abc' is not a number"},
       {{"--lr", "nan"}, "--lr", "--lr: 'nan' is not a number"},
+      {{"--lr", "0x10"}, "--lr", "--lr: '0x10' is not a decimal number"},
       {{"--momentum", "1e39"}, "--momentum", "--momentum: 1e39 is more than a float holds (3.40282e+38)"},
       {{"--momentum", "-inf"}, "--momentum", "--momentum: must be >= 0, got -inf"},
       {{"--weight-decay", "inf"}, "--weight-decay", "--weight-decay: must be a finite number, got inf"},

@@ -55,6 +55,8 @@ CLI::Validator real_number(bool positive, bool narrowed_to_float = false) {
     char* end = nullptr;
     const long double value = std::strtold(text.c_str(), &end);  // as CLI11 reads it
     if (text.empty() || end != text.c_str() + text.size() || std::isnan(value)) return "'" + text + "' is not a number";
+    // strtold reads hexadecimal too ("0x10" is 16): numbers are decimal, as --seed's.
+    if (text.find_first_of("xX") != std::string::npos) return "'" + text + "' is not a decimal number";
     if (value < 0 || (positive && value == 0)) return std::string("must be ") + (positive ? "> 0" : ">= 0") + ", got " + text;
     if (std::isinf(value)) return "must be a finite number, got " + text;
     return narrowed_to_float ? beyond<float>(value, text, "a float") : beyond<double>(value, text, "a double");
