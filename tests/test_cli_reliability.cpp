@@ -640,6 +640,17 @@ TEST_F(CliOutputs, ASignalDuringADownloadEndsItAtOnceLeavingNoPartialFile) {
   }
 }
 
+// A --metrics file that begins with `earlier`, then holds epochs 1..`epochs` once each,
+// in order.
+void expect_epochs_once(const std::string& text, const std::string& earlier, int epochs) {
+  EXPECT_EQ(text.rfind(earlier, 0), 0u) << text;
+  std::istringstream lines(text);
+  int epoch = 0;
+  for (std::string line; std::getline(lines, line);)
+    EXPECT_EQ(line.rfind("{\"epoch\":" + std::to_string(++epoch) + ",", 0), 0u) << line;
+  EXPECT_EQ(epoch, epochs);
+}
+
 // The program's own advice after a stop (the same command with --load) keeps the
 // metrics of the epochs before it; a new run starts the file anew.
 TEST_F(CliOutputs, AResumedRunAppendsToItsMetricsAndANewRunReplacesThem) {
@@ -665,13 +676,7 @@ TEST_F(CliOutputs, AResumedRunAppendsToItsMetricsAndANewRunReplacesThem) {
   std::vector<std::string> resume = args;
   resume.insert(resume.end(), {"--load", ck.string()});
   ASSERT_EQ(run_cli(resume).exit_code, 0);
-  const std::string after = slurp(metrics);
-  EXPECT_EQ(after.rfind(before, 0), 0u) << after;
-  std::istringstream lines(after);
-  int epoch = 0;
-  for (std::string line; std::getline(lines, line);)
-    EXPECT_EQ(line.rfind("{\"epoch\":" + std::to_string(++epoch) + ",", 0), 0u) << line;
-  EXPECT_EQ(epoch, epochs);
+  expect_epochs_once(slurp(metrics), before, epochs);
 
   std::vector<std::string> again = args;
   again[5] = "1";
@@ -696,13 +701,7 @@ TEST_F(CliOutputs, AResumeFromAnEarlierCheckpointRewritesTheLaterEpochsOnce) {
   ASSERT_EQ(run(3, {"--save", ck.string(), "--load", ck.string()}), 0);
   ASSERT_EQ(count_lines(slurp(metrics)), 3);
   ASSERT_EQ(run(3, {"--load", first.string()}), 0);
-  const std::string after = slurp(metrics);
-  EXPECT_EQ(after.rfind(epoch1, 0), 0u) << after;
-  std::istringstream lines(after);
-  int epoch = 0;
-  for (std::string line; std::getline(lines, line);)
-    EXPECT_EQ(line.rfind("{\"epoch\":" + std::to_string(++epoch) + ",", 0), 0u) << line;
-  EXPECT_EQ(epoch, 3);
+  expect_epochs_once(slurp(metrics), epoch1, 3);
 }
 
 // The same layout resumed in the other mode adds its sums otherwise, and says so.
