@@ -218,6 +218,26 @@ TEST_F(CliReliability, ASaveWhoseDirectoryVanishedMidRunExits3) {
   EXPECT_NE(o.err.find(path.string() + ": cannot create a temp file"), std::string::npos) << o.err;
 }
 
+// A batch whose activations alone exceed the memory the process may use is refused
+// before the data is read, not killed by the kernel mid-run (the limit set here by
+// MNIST_MT_MEMORY_AVAILABLE; MemAvailable or a cgroup's memory.max otherwise).
+TEST_F(CliReliability, ABatchBeyondTheAvailableMemoryIsRefusedBeforeTraining) {
+  const std::vector<std::string> args{"--cpu", "2", "--batch-size", "8", "--epochs", "1", "--max-steps", "1",
+                                      "--data", small_data().string()};
+  Outcome o = finish(spawn(args, {"MNIST_MT_MEMORY_AVAILABLE=1000000"}), 60s);
+  EXPECT_EQ(o.exit_code, 2) << o.err;
+  EXPECT_EQ(count_lines(o.err), 1) << o.err;
+  EXPECT_EQ(o.err.rfind("mnist_mt: error: --batch-size: 8 images a rank on 2 ranks need 6.", 0), 0u) << o.err;
+  EXPECT_NE(o.err.find("than the 1.0 MiB available (MNIST_MT_MEMORY_AVAILABLE)"), std::string::npos) << o.err;
+  EXPECT_EQ(o.out.find("from"), std::string::npos) << "read the data first: " << o.out;
+  o = finish(spawn(args, {"MNIST_MT_MEMORY_AVAILABLE=100000000"}), 60s);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  o = finish(spawn(args, {"MNIST_MT_MEMORY_AVAILABLE=lots"}), 60s);
+  EXPECT_EQ(o.exit_code, 2) << o.err;
+  EXPECT_NE(o.err.find("MNIST_MT_MEMORY_AVAILABLE: expected bytes as a whole number, got 'lots'"), std::string::npos)
+      << o.err;
+}
+
 TEST_F(CliReliability, MetricsAndSummaryReportPeakResidentMemory) {
   const fs::path metrics = dir_ / "metrics.json";
   const Outcome o = run_cli({"--cpu", "2", "--batch-size", "8", "--epochs", "1", "--max-steps", "3", "--data",

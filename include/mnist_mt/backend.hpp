@@ -60,6 +60,9 @@ class Backend {
   virtual bool exchanges_factors() const { return false; }
   // The number format of its replicas' products (BackendOptions::precision).
   virtual Precision precision() const { return Precision::kFp32; }
+  // Host memory a replica's activation buffers take per sample of its batch: CPU devices
+  // hold them in host memory; 0 where they are elsewhere (GPUs).
+  virtual std::uint64_t host_bytes_per_sample() const { return 0; }
   // Whether cuDNN and cuBLAS may use TF32 tensor cores (BackendOptions::tf32; GPUs only).
   virtual bool tf32() const { return false; }
   // Bracket collectives for several ranks issued from one thread (ncclGroupStart/End).

@@ -68,6 +68,7 @@ int run_eval(const EvalFlags& f) {
   config.devices = devices.ids;
   const bool trained_bf16 = load_flag(f.load).bf16_products;  // evaluate() reads it again
   const bool bf16 = devices.backend->precision() == Precision::kBf16;
+  check_host_memory(*devices.backend, config.batch, config.devices.size());
   const Dataset data = load_data(f.data, std::cout);
   std::cout << "mnist_mt: eval of " << f.load << " on " << config.devices.size() << ' ' << devices.backend->name()
             << " device(s)" << (bf16 ? ", fc1 and fc2 on bf16 operands" : "") << std::endl;

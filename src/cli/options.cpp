@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <span>
@@ -161,6 +164,63 @@ Dataset load_data(const DataFlags& f, std::ostream& out, const StopRequest* stop
 }
 
 
+
+namespace {
+
+// The first number of a line of `file` that begins with `key` (/proc/meminfo's
+// "MemAvailable:"), or of its only line when `key` is empty (a cgroup's memory.max).
+std::optional<std::uint64_t> number_in(const char* file, std::string_view key) {
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with(key)) continue;
+    const std::string_view rest = std::string_view(line).substr(key.size());
+    const std::size_t at = rest.find_first_not_of(' ');
+    if (at == std::string_view::npos) return std::nullopt;
+    return whole_number<std::uint64_t>(rest.substr(at, rest.find(' ', at) - at));
+  }
+  return std::nullopt;
+}
+
+// The bytes this process may still take, and where that figure comes from.
+std::optional<std::pair<std::uint64_t, std::string>> memory_available() {
+  if (const char* given = std::getenv("MNIST_MT_MEMORY_AVAILABLE")) {
+    const auto bytes = whole_number<std::uint64_t>(given);
+    if (!bytes) throw InputError(std::string("MNIST_MT_MEMORY_AVAILABLE: expected bytes as a whole number, got '") +
+                                 given + "'");
+    return std::pair{*bytes, std::string("MNIST_MT_MEMORY_AVAILABLE")};
+  }
+  std::optional<std::pair<std::uint64_t, std::string>> best;
+  if (const auto kb = number_in("/proc/meminfo", "MemAvailable:")) best = {*kb * 1024, "MemAvailable"};
+  const auto limit = number_in("/sys/fs/cgroup/memory.max", ""), used = number_in("/sys/fs/cgroup/memory.current", "");
+  if (limit && used) {
+    const std::uint64_t left = *limit > *used ? *limit - *used : 0;
+    if (!best || left < best->first) best = {left, "the cgroup's memory.max"};
+  }
+  return best;
+}
+
+std::string gib(std::uint64_t bytes) {
+  char text[32];
+  const bool large = bytes >= (1u << 30);
+  std::snprintf(text, sizeof text, large ? "%.1f GiB" : "%.1f MiB",
+                static_cast<double>(bytes) / (large ? (1u << 30) : (1u << 20)));
+  return text;
+}
+
+}  // namespace
+
+void check_host_memory(const Backend& backend, std::uint64_t batch, std::size_t ranks) {
+  const std::uint64_t per_sample = backend.host_bytes_per_sample();
+  if (per_sample == 0) return;
+  const auto available = memory_available();
+  if (!available) return;
+  const std::uint64_t need = per_sample * batch * ranks;
+  if (need <= available->first) return;
+  throw InputError("--batch-size: " + std::to_string(batch) + " images a rank on " + std::to_string(ranks) +
+                   (ranks == 1 ? " rank" : " ranks") + " need " + gib(need) +
+                   " of memory for their activations alone, more than the " + gib(available->first) +
+                   " available (" + available->second + "); use a smaller --batch-size");
+}
 
 std::uint32_t count_flag(std::int64_t value, std::int64_t min, const std::string& flag) {
   constexpr std::int64_t kMax = std::numeric_limits<std::uint32_t>::max();

@@ -92,6 +92,12 @@ std::optional<T> whole_number(std::string_view text) {
 // A count from min up to what 32 bits hold.
 std::uint32_t count_flag(std::int64_t value, std::int64_t min, const std::string& flag);
 
+// Refuses (InputError naming --batch-size) a batch whose activation buffers alone, on
+// `ranks` ranks of this process, need more host memory than it may use: MemAvailable,
+// less where a cgroup limits it, or MNIST_MT_MEMORY_AVAILABLE (bytes) when set. Nothing
+// for a backend whose buffers are not in host memory, or when neither is known.
+void check_host_memory(const Backend& backend, std::uint64_t batch, std::size_t ranks);
+
 // Config member (InputError::input()) -> the flag that gives it.
 using FlagNames = std::map<std::string, std::string, std::less<>>;
 

@@ -187,6 +187,7 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   // The values and the files are checked before the data is found or downloaded; by
   // world rank 0's process, the one that writes the files.
   with_flag_names(kTrainFlags, [&] { check_train_config(config); });
+  check_host_memory(*devices.backend, config.batch, config.devices.size());
   std::string interrupt_note;
   if (reports) {
     const RunFiles files = run_files(f, config);

@@ -9,6 +9,7 @@
 #include "communicator.hpp"
 #include "device.hpp"
 #include "isa.hpp"
+#include "plan.hpp"
 #include "mnist_mt/error.hpp"
 #include "replica.hpp"
 
@@ -53,6 +54,7 @@ class CpuBackend final : public Backend {
   // fc1's factor product is float32: with bf16 products the gradient is exchanged.
   bool exchanges_factors() const override { return !bf16_; }
   Precision precision() const override { return bf16_ ? Precision::kBf16 : Precision::kFp32; }
+  std::uint64_t host_bytes_per_sample() const override { return cpu::Buffers::bytes_per_sample(bf16_); }
   std::unique_ptr<Replica> make_replica(Device& device, std::uint32_t max_batch) override {
     return cpu::make_cpu_replica(cpu_device(device), max_batch, bf16_);
   }

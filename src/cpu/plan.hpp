@@ -49,6 +49,15 @@ struct Buffers {
 
   bool bf16() const { return flat16 != nullptr; }
 
+  // The bytes the buffers above take per sample of max_batch (d_hidden_t at its
+  // unpadded size; the bf16 weights do not grow with it): what a batch costs in memory.
+  static constexpr std::uint64_t bytes_per_sample(bool bf16) {
+    const std::uint64_t floats = kImageBytes + 2 * kConv1Channels * kConv1Side * kConv1Side +
+                                 kConv2Channels * kConv2Side * kConv2Side + 2 * kFlat + 3 * kHidden + 3 * kClasses;
+    const std::uint64_t halves = bf16 ? kFlat + 2 * kHidden + kClasses : 0;
+    return 4 * floats + 2 * halves + kFlat /* argmax */ + 1 /* label */ + 4 /* sample */;
+  }
+
   std::size_t max_batch;
   Aligned<float> input, act1, d_act1, act2;  // no d_act2: conv2's backward reads d_flat and argmax
   Aligned<std::uint8_t> argmax;  // the pooling's, one byte an output
