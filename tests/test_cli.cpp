@@ -86,6 +86,8 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
       {{"--eps", "-1"}, "--eps"},
       {{"--rho", "2"}, "--rho"},
       {{"--batch-size", "-1"}, "--batch-size", "--batch-size: must be from 1 to 4294967295, got -1"},
+      {{"--warmup", "99999999999999999999"}, "--warmup", "--warmup: must be from 0 to 4294967295, got 99999999999999999999"},
+      {{"--epochs", "1.5"}, "--epochs", "--epochs: '1.5' is not a whole number"},
       // One line, whatever a value holds: control characters as \xNN.
       {{"--optimizer", "sg\nd\x1b[1m"}, "--optimizer",
        "--optimizer: no optimizer 'sg\\x0ad\\x1b[1m' (sgd, adam, adamw, adadelta)"},

@@ -48,6 +48,24 @@ CLI::Validator unsigned_number() {
   }, "");
 }
 
+// A whole decimal number that 64 bits hold (the flag's own range, up to what 32 bits hold,
+// is count_flag's); quoting the value as typed when it is not one, or past 2^63 (which
+// CLI11 would turn into the largest); it rewrites the value for CLI11 ("010" to "10"),
+// so it is added with ->transform.
+CLI::Validator count_number(std::int64_t min) {
+  return CLI::Validator([min](std::string& text) -> std::string {
+    if (const auto value = whole_number<std::int64_t>(text)) {
+      text = std::to_string(*value);
+      return "";
+    }
+    const std::string_view digits = std::string_view(text).substr(text.starts_with('-') ? 1 : 0);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos)
+      return "'" + text + "' is not a whole number";
+    return "must be from " + std::to_string(min) + " to " + std::to_string(std::numeric_limits<std::uint32_t>::max()) +
+           ", got " + text;
+  }, "");
+}
+
 // A finite number >= 0 (`positive`: > 0) that a double holds, or a float when the
 // value is narrowed to one; a nonzero value that would become 0 is refused too.
 CLI::Validator real_number(bool positive, bool narrowed_to_float = false) {
@@ -102,8 +120,10 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   TrainingFlags& t = f.training;
   app.add_option("--recipe", t.recipe,
                  "Train as a named recipe: pytorch-example, template or fast (docs/cli.md); the flags below override its values");
-  app.add_option("--epochs", t.epochs, "Epochs the run trains in all (with --load: up to this many); default 1");
-  app.add_option("--batch-size", t.batch, "Batch size per device; default 64");
+  app.add_option("--epochs", t.epochs, "Epochs the run trains in all (with --load: up to this many); default 1")
+      ->transform(count_number(0));
+  app.add_option("--batch-size", t.batch, "Batch size per device; default 64")
+      ->transform(count_number(1));
   app.add_option("--optimizer", t.optimizer, "sgd, adam, adamw or adadelta, as torch.optim defines them; default sgd");
   app.add_option("--lr", t.lr, "Learning rate (OneCycle's maximum); default 0.01 for sgd, else torch.optim's")
       ->check(real_number(false, true));
@@ -117,12 +137,15 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--rho", t.rho, "Adadelta rho; default 0.9")->check(real_number(false, true));
   app.add_option("--lr-schedule", t.lr_schedule,
                  "constant, step (StepLR, per epoch), onecycle (OneCycleLR, per step) or cosine (CosineAnnealingLR over the run's steps); default constant");
-  app.add_option("--lr-step", t.lr_step, "step: epochs between rate changes (StepLR's step_size); default 1");
+  app.add_option("--lr-step", t.lr_step, "step: epochs between rate changes (StepLR's step_size); default 1")
+      ->transform(count_number(1));
   app.add_option("--gamma", t.gamma, "step: the rate's factor at each change; default 0.1")->check(real_number(true));
-  app.add_option("--warmup", t.warmup, "Steps of linear warm-up before the schedule (not with onecycle); default 0");
+  app.add_option("--warmup", t.warmup, "Steps of linear warm-up before the schedule (not with onecycle); default 0")
+      ->transform(count_number(0));
   app.add_option("--target-accuracy", f.target_accuracy,
                  "Stop once the test accuracy reaches this many percent (evaluated at epoch ends and every --eval-every steps)");
   app.add_option("--eval-every", f.eval_every, "With --target-accuracy: also evaluate every this many steps (0: epoch ends only)")
+      ->transform(count_number(0))
       ->capture_default_str();
   app.add_option("--seed", f.seed, "Seed of the initial weights, the data order and dropout")
       ->transform(unsigned_number())
@@ -139,8 +162,10 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   add_data_flags(app, f.data);
   app.add_option("--save", f.save, "Write a safetensors checkpoint there after each epoch and on SIGINT/SIGTERM");
   app.add_option("--save-every", f.save_every, "Also save every this many steps (0: at epoch ends only)")
+      ->transform(count_number(0))
       ->capture_default_str();
   app.add_option("--keep", f.keep, "Keep the last N checkpoints (N > 1: one file per step, --save links the latest)")
+      ->transform(count_number(1))
       ->capture_default_str();
   app.add_option("--timeout", f.timeout, "Fail the run when a rank makes no progress for this many seconds (0: off)")
       ->check(real_number(false))
@@ -153,12 +178,14 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--metrics", f.metrics, "Write one JSON line per epoch to this file");
   app.add_option("--trace", f.trace,
                  "Write a Chrome trace-event JSON (chrome://tracing, Perfetto) of the first steps to this file (ddp)");
-  app.add_option("--trace-steps", f.trace_steps, "Steps that --trace records")->capture_default_str();
+  app.add_option("--trace-steps", f.trace_steps, "Steps that --trace records")
+      ->transform(count_number(1))->capture_default_str();
   app.add_flag("--phase-times", f.phase_times,
                "ddp: time every step's phases on the device (forward, backward, comm wait, optimizer in --metrics); on "
                "GPUs this puts timing events inside each replayed CUDA graph. Without it (nor --trace) a replayed step "
                "is timed whole. CPU devices and --mode dp time every phase either way");
   app.add_option("--max-steps", f.max_steps, "Stop each epoch after this many steps (0: the whole epoch)")
+      ->transform(count_number(0))
       ->capture_default_str();
   // Tests only, kept out of --help: rank RANK throws at global step STEP.
   app.add_option("--inject-fault", f.inject_fault)->group("");
@@ -172,7 +199,8 @@ void add_eval_flags(CLI::App& app, EvalFlags& f) {
   add_device_flags(app, f.device);
   add_data_flags(app, f.data);
   app.add_option("--load", f.load, "The checkpoint to evaluate")->required();
-  app.add_option("--batch-size", f.batch, "Batch size per device")->capture_default_str();
+  app.add_option("--batch-size", f.batch, "Batch size per device")
+      ->transform(count_number(1))->capture_default_str();
   app.add_option("--json", f.json, "Also write the results to this file as JSON");
 }
 
@@ -180,7 +208,8 @@ void add_predict_flags(CLI::App& app, PredictFlags& f) {
   add_device_flags(app, f.device);
   add_data_flags(app, f.data);
   app.add_option("--load", f.load, "The checkpoint whose weights predict")->required();
-  app.add_option("--index", f.indices, "Also predict test image N of the data set (repeatable)")->allow_extra_args(false);
+  app.add_option("--index", f.indices, "Also predict test image N of the data set (repeatable)")
+      ->transform(count_number(0))->allow_extra_args(false);
   app.add_option("images", f.images, "PNG or binary PGM images: 28x28 grey, else converted and resized");
 }
 
