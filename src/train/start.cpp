@@ -39,6 +39,24 @@ void check_position(const Checkpoint& c, const TrainConfig& config, const Datase
                          std::to_string(c.epoch + 1) + ", is past the end of an epoch of " +
                          std::to_string(per_epoch) + " steps of " + std::to_string(global) + " images",
                      "load");
+  // This run's epochs: the loader's steps, or --max-steps when fewer.
+  const std::uint64_t run_epoch =
+      config.max_steps > 0 ? std::min<std::uint64_t>(per_epoch, config.max_steps) : per_epoch;
+  if (config.epochs > c.epoch && c.epoch_step != 0 && c.epoch_step >= run_epoch)
+    throw InputError(file + ": its position, step " + std::to_string(c.epoch_step) + " of epoch " +
+                         std::to_string(c.epoch + 1) + ", is past the end of this run's epochs of " +
+                         std::to_string(run_epoch) + " steps (--max-steps)",
+                     "load");
+  // One-cycle and cosine end at the run's last step (--epochs x the steps of an epoch);
+  // PyTorch's OneCycleLR refuses a step past it, and a cosine past it would rise again.
+  const ScheduleKind kind = config.schedule.kind;
+  const std::uint64_t schedule_steps = run_epoch * config.epochs;
+  if (config.epochs > c.epoch && (kind == ScheduleKind::kOneCycle || kind == ScheduleKind::kCosine) &&
+      c.step >= schedule_steps)
+    throw InputError(file + ": its step count, " + std::to_string(c.step) + ", is past the end of this run's " +
+                         (kind == ScheduleKind::kOneCycle ? "one-cycle" : "cosine") + " schedule of " +
+                         std::to_string(schedule_steps) + " steps (--epochs x the steps of an epoch)",
+                     "load");
   if (!c.state.first.empty() && c.optimizer != config.optimizer.kind)
     throw InputError(file + " holds the state of the " + std::string(optimizer_name(c.optimizer)) +
                          " optimizer, this run's is " + std::string(optimizer_name(config.optimizer.kind)) +
