@@ -62,6 +62,8 @@ TEST(Cli, BadValuesExit2WithOneLineNamingTheFlag) {
       {{"--cpu", "1", "--gpus", "0"}, "--gpus"},
       {{"--load", (scratch_dir() / "missing.safetensors").string()}, "missing.safetensors"},
       {{"--data", (scratch_dir() / "no-such-dir").string()}, "no-such-dir"},
+      {{"--data", ""}, "--data", "--data: an empty path"},
+      {{"--data", exe_path()}, "--data", "--data: " + exe_path() + " is not a directory"},
       {{"--inject-fault", "1"}, "--inject-fault"},
       {{"--inject-stall", "1:2:nowhere"}, "--inject-stall"},
       {{"--timeout", "-1"}, "--timeout"},

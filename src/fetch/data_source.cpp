@@ -54,6 +54,14 @@ std::string_view torchvision_folder(DatasetKind kind) {
 fs::path download_dir(const fs::path& cache_root, DatasetKind kind) { return cache_root / dataset_key(kind); }
 
 DataChoice locate_data(const DataQuery& query) {
+  // A directory the user named, by its name: --data or $MNIST_MT_DATA.
+  const std::string source = query.data_dir ? "--data: " : query.env_dir ? "MNIST_MT_DATA: " : "";
+  if (const auto& named_dir = query.data_dir ? query.data_dir : query.env_dir) {
+    if (named_dir->empty()) throw InputError(source + "an empty path");
+    std::error_code error;
+    if (fs::exists(*named_dir, error) && !fs::is_directory(*named_dir, error))
+      throw InputError(source + named_dir->string() + " is not a directory");
+  }
   std::string looked;
   for (const fs::path& dir : candidates(query, query.wanted)) {
     if (holds_idx_files(dir)) return {dir, identify_data(dir), ""};
@@ -67,7 +75,7 @@ DataChoice locate_data(const DataQuery& query) {
   }
   const std::string what = named ? "no IDX files (train-images-idx3-ubyte[.gz] and the other three)"
                                  : "no " + std::string(dataset_name(query.wanted)) + " data";
-  throw InputError(what + " in " + looked + "; --download fetches " + std::string(dataset_name(query.wanted)));
+  throw InputError(source + what + " in " + looked + "; --download fetches " + std::string(dataset_name(query.wanted)));
 }
 
 std::string identify_data(const fs::path& dir) {

@@ -39,14 +39,10 @@ void check_position(const Checkpoint& c, const TrainConfig& config, const Datase
                          std::to_string(c.epoch + 1) + ", is past the end of an epoch of " +
                          std::to_string(per_epoch) + " steps of " + std::to_string(global) + " images",
                      "load");
-  // This run's epochs: the loader's steps, or --max-steps when fewer.
+  // This run's epochs: the loader's steps, or --max-steps when fewer (a position past
+  // --max-steps resumes as an epoch of no steps, CliTrain.AnEpochWithNoStepsPrintsNoNan).
   const std::uint64_t run_epoch =
       config.max_steps > 0 ? std::min<std::uint64_t>(per_epoch, config.max_steps) : per_epoch;
-  if (config.epochs > c.epoch && c.epoch_step != 0 && c.epoch_step >= run_epoch)
-    throw InputError(file + ": its position, step " + std::to_string(c.epoch_step) + " of epoch " +
-                         std::to_string(c.epoch + 1) + ", is past the end of this run's epochs of " +
-                         std::to_string(run_epoch) + " steps (--max-steps)",
-                     "load");
   // One-cycle and cosine end at the run's last step (--epochs x the steps of an epoch);
   // PyTorch's OneCycleLR refuses a step past it, and a cosine past it would rise again.
   const ScheduleKind kind = config.schedule.kind;
