@@ -23,12 +23,16 @@ namespace mnist_mt::cpu {
 // With `bf16` (--precision bf16), also the bfloat16 copies that fc1's and fc2's products
 // read: their inputs, output gradients and weights, rounded to nearest even.
 struct Buffers {
+  // A sample's floats in conv1's output (and its gradient) and in conv2's.
+  static constexpr std::size_t kAct1 = kConv1Channels * kConv1Side * kConv1Side;
+  static constexpr std::size_t kAct2 = kConv2Channels * kConv2Side * kConv2Side;
+
   Buffers(std::size_t b, bool bf16)
       : max_batch(b),
         input(aligned_zeros<float>(b * kImageBytes)),
-        act1(aligned_zeros<float>(b * kConv1Channels * kConv1Side * kConv1Side)),
-        d_act1(aligned_zeros<float>(b * kConv1Channels * kConv1Side * kConv1Side)),
-        act2(aligned_zeros<float>(b * kConv2Channels * kConv2Side * kConv2Side)),
+        act1(aligned_zeros<float>(b * kAct1)),
+        d_act1(aligned_zeros<float>(b * kAct1)),
+        act2(aligned_zeros<float>(b * kAct2)),
         argmax(aligned_zeros<std::uint8_t>(b * kFlat)),
         flat(aligned_zeros<float>(b * kFlat)),
         d_flat(aligned_zeros<float>(b * kFlat)),
@@ -52,8 +56,7 @@ struct Buffers {
   // The bytes the buffers above take per sample of max_batch (d_hidden_t at its
   // unpadded size; the bf16 weights do not grow with it): what a batch costs in memory.
   static constexpr std::uint64_t bytes_per_sample(bool bf16) {
-    const std::uint64_t floats = kImageBytes + 2 * kConv1Channels * kConv1Side * kConv1Side +
-                                 kConv2Channels * kConv2Side * kConv2Side + 2 * kFlat + 3 * kHidden + 3 * kClasses;
+    const std::uint64_t floats = kImageBytes + 2 * kAct1 + kAct2 + 2 * kFlat + 3 * kHidden + 3 * kClasses;
     const std::uint64_t halves = bf16 ? kFlat + 2 * kHidden + kClasses : 0;
     return 4 * floats + 2 * halves + kFlat /* argmax */ + 1 /* label */ + 4 /* sample */;
   }

@@ -148,7 +148,7 @@ std::uint32_t Run::training_steps() const {
 }
 
 std::uint32_t Run::steps_in_epoch(std::uint32_t loader_steps) const {
-  return config_.max_steps > 0 ? std::min(loader_steps, config_.max_steps) : loader_steps;
+  return mnist_mt::steps_in_epoch(loader_steps, config_.max_steps);
 }
 
 // Global rank g's block starts at g * (S / W) + min(g, S % W): the first S % W ranks take

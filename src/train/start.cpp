@@ -39,10 +39,9 @@ void check_position(const Checkpoint& c, const TrainConfig& config, const Datase
                          std::to_string(c.epoch + 1) + ", is past the end of an epoch of " +
                          std::to_string(per_epoch) + " steps of " + std::to_string(global) + " images",
                      "load");
-  // This run's epochs: the loader's steps, or --max-steps when fewer (a position past
-  // --max-steps resumes as an epoch of no steps, CliTrain.AnEpochWithNoStepsPrintsNoNan).
-  const std::uint64_t run_epoch =
-      config.max_steps > 0 ? std::min<std::uint64_t>(per_epoch, config.max_steps) : per_epoch;
+  // (A position past --max-steps resumes as an epoch of no steps:
+  // CliTrain.AnEpochWithNoStepsPrintsNoNan.)
+  const std::uint64_t run_epoch = steps_in_epoch(static_cast<std::uint32_t>(per_epoch), config.max_steps);
   // One-cycle and cosine end at the run's last step (--epochs x the steps of an epoch);
   // PyTorch's OneCycleLR refuses a step past it, and a cosine past it would rise again.
   const ScheduleKind kind = config.schedule.kind;
@@ -254,13 +253,16 @@ ShardLayout layout_of(const TrainConfig& config, const Place& place, const Check
                        "load");
     return layout;
   }
+  const std::string resuming = "mnist_mt: resuming a checkpoint of " + theirs + " on " + ours + ": ";
+  const auto rounded_otherwise = [&](const std::string& why) {
+    layout.note = resuming + "the same steps, their sums rounded otherwise (not bit for bit: " + why + ")";
+    return layout;
+  };
   if (start.world == world) {
     // The same layout adds the same sums, unless one side added them otherwise: ddp's
     // shard by shard against dp's (a factors checkpoint's own note is Run's).
     if (!start.fc1_factors && start.shard_order != sums_in_shard_order(config, place, backend))
-      layout.note = "mnist_mt: resuming a checkpoint of " + theirs + " on " + ours +
-                    ": the same steps, their sums rounded otherwise (not bit for bit: " +
-                    (config.mode != Mode::kDdp ? "--mode dp" : "its sums were not added shard by shard") + ")";
+      return rounded_otherwise(config.mode != Mode::kDdp ? "--mode dp" : "its sums were not added shard by shard");
     return layout;
   }
   const bool bf16 = backend.precision() == Precision::kBf16;
@@ -272,11 +274,7 @@ ShardLayout layout_of(const TrainConfig& config, const Place& place, const Check
                           : world > start.world         ? "more ranks than its"
                           : !start.shard_order          ? "its sums were not added shard by shard"
                                                         : "";
-  const std::string resuming = "mnist_mt: resuming a checkpoint of " + theirs + " on " + ours + ": ";
-  if (!why.empty()) {
-    layout.note = resuming + "the same steps, their sums rounded otherwise (not bit for bit: " + why + ")";
-    return layout;
-  }
+  if (!why.empty()) return rounded_otherwise(why);
   layout.shards = start.world;
   layout.batch = start.batch;
   const std::uint32_t fewest = start.world / world, most = fewest + (start.world % world != 0 ? 1 : 0);

@@ -36,6 +36,11 @@ void agree_on_start(const Checkpoint& start, const Place& place);
 // The checkpoint's parameters, optimizer state and loop state, checked against the run
 // and the data, or fresh parameters from the seed. Throws InputError ("load", "batch").
 Checkpoint starting_point(const TrainConfig& config, const Dataset& data, int world);
+// The steps of an epoch whose loader has `loader_steps`: all of them, or --max-steps
+// when fewer (0: no limit).
+inline std::uint32_t steps_in_epoch(std::uint32_t loader_steps, std::uint32_t max_steps) {
+  return max_steps > 0 && max_steps < loader_steps ? max_steps : loader_steps;
+}
 // Whether a run adds its gradients shard by shard in world order (Checkpoint::shard_order).
 bool sums_in_shard_order(const TrainConfig& config, const Place& place, const Backend& backend);
 // How the run's ranks compute the world's batch (ShardLayout).
