@@ -62,6 +62,10 @@ Checkpoint sample_checkpoint(bool with_state, OptimizerKind optimizer = Optimize
   c.shard_order = true;
   c.fc1_factors = !with_state;  // each value of both flags in one of the two samples
   c.bf16_products = with_state;
+  if (with_state) {
+    c.test_accuracy = 0.987654321;
+    c.settings = {{"--optimizer", "sgd"}, {"--lr", "0.0123"}, {"--betas", "0.9,0.999"}};
+  }
   return c;
 }
 
@@ -148,6 +152,8 @@ TEST_F(CheckpointTest, RoundTripsParametersOptimizerStateAndLoopState) {
     EXPECT_EQ(loaded.shard_order, saved.shard_order);
     EXPECT_EQ(loaded.fc1_factors, saved.fc1_factors);
     EXPECT_EQ(loaded.bf16_products, saved.bf16_products);
+    EXPECT_EQ(loaded.test_accuracy, saved.test_accuracy);  // its bits
+    EXPECT_EQ(loaded.settings, saved.settings);
     EXPECT_EQ(entries(), std::vector<fs::path>{"model.safetensors"});
   }
 }
@@ -413,6 +419,10 @@ TEST_F(CheckpointTest, RejectsMismatchedTensors) {
       {[](Json& h, std::string&) { h["__metadata__"]["sum_order"] = "ranks"; }, "'sum_order' is \"ranks\", not"},
       {[](Json& h, std::string&) { h["__metadata__"]["fc1_exchange"] = "both"; }, "'fc1_exchange' is \"both\", not"},
       {[](Json& h, std::string&) { h["__metadata__"]["products"] = "fp16"; }, "'products' is \"fp16\", not"},
+      {[](Json& h, std::string&) { h["__metadata__"]["test_accuracy"] = "1.5"; },
+       "metadata 'test_accuracy' is \"1.5\", not a fraction from 0 to 1"},
+      {[](Json& h, std::string&) { h["__metadata__"]["test_accuracy"] = "nan"; }, "'test_accuracy' is \"nan\""},
+      {[](Json& h, std::string&) { h["__metadata__"]["test_accuracy"] = "0.9x"; }, "'test_accuracy' is \"0.9x\""},
       {[](Json&, std::string& d) { put_float(d, 5, std::numeric_limits<float>::quiet_NaN()); },
        "tensor 'conv1.weight' holds a non-finite value at element 5"},
       {[](Json& h, std::string& d) {

@@ -2,7 +2,10 @@
 // the training run's last accuracy, with a confusion matrix that adds up; predict
 // gives the same answer for a test image, its PNG, its PGM and a PNG twice its size,
 // and for a palette PNG and a PGM of maxval 15 of the same samples; malformed images
-// are refused; an epoch without steps prints no nan; a finished run has nothing to train; the data flags' errors; --download naming every mirror's failure, and verifying
+// are refused, and a file name's control characters escaped; an epoch without steps prints
+// no nan; a finished run, or one that reached the target, has nothing to train; a resume
+// names the settings it changes; --epochs 0 says it trains nothing; the data flags' errors
+// (a directory of the other data set too); --download naming every mirror's failure, and verifying
 // Debian's re-compressed Fashion-MNIST by content. No request leaves 127.0.0.1: the
 // downloads run behind a proxy setting that points at a closed loopback port.
 #include <gtest/gtest.h>
@@ -10,6 +13,8 @@
 #include <poll.h>
 #include <pty.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -142,6 +147,17 @@ TEST(CliPredict, AnIndexItsPngItsPgmAndALargerPngAgree) {
   for (const std::string& a : answers) EXPECT_EQ(a, answers.back()) << o.out;
   EXPECT_NE(o.out.find("test image 3: "), std::string::npos) << o.out;
   EXPECT_NE(o.out.find(", label "), std::string::npos) << o.out;
+}
+
+// A file name's control characters (an escape sequence, a newline) are written as \xNN:
+// the answer stays one line, and the terminal is not driven by a name.
+TEST(CliPredict, AFileNameWithControlCharactersIsPrintedOnOneLine) {
+  const fs::path pgm = scratch_dir() / "digit\x1b[31m\n.pgm";
+  write_pgm(pgm, test_image(0));
+  const Outcome o = run_cli({"predict", "--load", trained().checkpoint.string(), "--cpu", "1", pgm.string()});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.out.rfind((scratch_dir() / "digit\\x1b[31m\\x0a.pgm: ").string(), 0), 0u) << o.out;
+  EXPECT_EQ(count_lines(o.out), 1) << o.out;
 }
 
 TEST(CliPredict, BadInputsExit2WithOneLineNamingIt) {
@@ -315,6 +331,99 @@ TEST(CliTrain, LoadingAFinishedRunSaysThereIsNothingToTrain) {
     EXPECT_EQ(slurp(checkpoint), saved);
     EXPECT_EQ(slurp(metrics), measured);
   }
+}
+
+// A checkpoint whose run had reached the test accuracy asked for: one line, exit 0, nothing
+// written; a higher target trains on.
+TEST(CliTrain, LoadingARunThatReachedTheTargetSaysThereIsNothingToTrain) {
+  const fs::path checkpoint = scratch_dir() / "reached.safetensors", metrics = scratch_dir() / "reached.json";
+  const auto args = [&](const std::string& target) {
+    std::vector<std::string> a{"--cpu", "1", "--batch-size", "8", "--epochs", "3", "--max-steps", "2", "--data",
+                               small_data().string(), "--save", checkpoint.string(), "--metrics", metrics.string()};
+    if (!target.empty()) a.insert(a.end(), {"--target-accuracy", target});
+    return a;
+  };
+  std::vector<std::string> first = args("");
+  first[5] = "1";
+  ASSERT_EQ(run_cli(first).exit_code, 0);
+  const Json epoch = Json::parse(slurp(metrics).substr(0, slurp(metrics).find('\n')));
+  const double accuracy = epoch.at("test_accuracy").get<double>();
+  ASSERT_GT(accuracy, 0.01) << "a target below the run's accuracy needs an accuracy above 0";
+  const std::string saved = slurp(checkpoint), measured = slurp(metrics);
+  char percent[16];
+  std::snprintf(percent, sizeof percent, "%.2f", 100 * accuracy);
+  std::vector<std::string> resume = args(std::to_string(100 * accuracy - 0.5));
+  resume.insert(resume.end(), {"--load", checkpoint.string()});
+  const Outcome o = run_cli(resume);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.out.rfind("mnist_mt: " + checkpoint.string() + " reached " + percent +
+                            "% test accuracy at its step 2, --target-accuracy ",
+                        0),
+            0u)
+      << o.out;
+  EXPECT_NE(o.out.find(": nothing to train (raise --target-accuracy)\n"), std::string::npos) << o.out;
+  EXPECT_EQ(std::count(o.out.begin(), o.out.end(), '\n'), 1) << o.out;
+  EXPECT_EQ(slurp(checkpoint), saved);
+  EXPECT_EQ(slurp(metrics), measured);
+  if (accuracy < 1) {
+    resume = args(std::to_string(std::min(100.0, 100 * accuracy + 0.5)));
+    resume.insert(resume.end(), {"--load", checkpoint.string()});
+    const Outcome more = run_cli(resume);
+    EXPECT_EQ(more.exit_code, 0) << more.err;
+    EXPECT_EQ(more.out.find("nothing to train"), std::string::npos) << more.out;
+    EXPECT_NE(slurp(checkpoint), saved);
+  }
+}
+
+// A resumed run that changes what its checkpoint's run trained with says which settings
+// it changed, and that a --seed other than the checkpoint's is not used; the same flags
+// say nothing.
+TEST(CliTrain, AResumeNamesTheSettingsItChangesAndAnUnusedSeed) {
+  const fs::path checkpoint = scratch_dir() / "changed.safetensors";
+  const auto args = [&](std::vector<std::string> more) {
+    std::vector<std::string> a{"--cpu", "1", "--batch-size", "8", "--max-steps", "2", "--data",
+                               small_data().string(), "--momentum", "0.9", "--lr", "0.05"};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  ASSERT_EQ(run_cli(args({"--epochs", "1", "--save", checkpoint.string()})).exit_code, 0);
+  const Outcome same = run_cli(args({"--epochs", "2", "--load", checkpoint.string(), "--seed", "1"}));
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(same.out.find("resuming"), std::string::npos) << same.out;
+  EXPECT_EQ(same.out.find("--seed"), std::string::npos) << same.out;
+  const Outcome changed = run_cli({"--cpu", "1", "--batch-size", "8", "--max-steps", "2", "--data",
+                                   small_data().string(), "--momentum", "0.5", "--lr", "0.05", "--epochs", "2",
+                                   "--load", checkpoint.string(), "--seed", "7", "--lr-schedule", "step"});
+  ASSERT_EQ(changed.exit_code, 0) << changed.err;
+  EXPECT_NE(changed.out.find("\nmnist_mt: resuming " + checkpoint.string() +
+                             " with --momentum 0.5 (its run: 0.9), --lr-schedule step (its run: constant): its "
+                             "steps from here are not those its run would have taken\n"
+                             "mnist_mt: --seed 7 is not used: a resumed run draws as its checkpoint's did, from "
+                             "seed 1\n"),
+            std::string::npos)
+      << changed.out;
+}
+
+// --epochs 0 reads the data (the download idiom) and says that it trains nothing.
+TEST(CliTrain, NoEpochsSaysNothingIsTrainedAndWritesNothing) {
+  const fs::path checkpoint = scratch_dir() / "none.safetensors";
+  const Outcome o = run_cli({"--cpu", "1", "--epochs", "0", "--data", small_data().string(), "--save",
+                             checkpoint.string()});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.out.find("\nmnist_mt: --epochs 0: nothing to train, nothing written\n"), std::string::npos) << o.out;
+  EXPECT_FALSE(fs::exists(checkpoint));
+}
+
+// A directory of the other data set than --dataset names is refused, not trained on
+// under the name asked for.
+TEST(CliData, ADirectoryOfTheOtherDataSetIsRefused) {
+  const fs::path debian = "/usr/share/datasets/fashion-mnist";
+  if (!fs::exists(debian)) GTEST_SKIP() << debian << " is not installed (scripts/setup.sh installs it)";
+  const Outcome o = run_cli({"--cpu", "1", "--epochs", "0", "--dataset", "mnist", "--data", debian.string()});
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_EQ(o.err, "mnist_mt: error: --dataset mnist: " + debian.string() + " holds Fashion-MNIST, not MNIST\n");
+  const Outcome named = run_cli({"--cpu", "1", "--epochs", "0", "--dataset", "fashion-mnist", "--data", debian.string()});
+  EXPECT_EQ(named.exit_code, 0) << named.err;
 }
 
 TEST(CliDownload, EveryMirrorFailingExits2WithOneLineNamingTheFileAndEachMirror) {

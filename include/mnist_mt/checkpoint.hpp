@@ -6,6 +6,9 @@
 // Writes are atomic.
 #include <cstdint>
 #include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "mnist_mt/optimizer.hpp"
@@ -35,6 +38,13 @@ struct Checkpoint {
   bool fc1_factors = false;
   // Whether its run's fc1 and fc2 products read bfloat16 operands (--precision bf16).
   bool bf16_products = false;
+  // The test accuracy (a fraction) its run measured at its position, where it evaluated
+  // there (an epoch's end, or where --target-accuracy was reached); none otherwise.
+  std::optional<double> test_accuracy;
+  // The flags that shape the steps from its position, as its run had them
+  // (trajectory_settings in mnist_mt/trainer.hpp): flag and value text, in the metadata
+  // under the flag's name. None in files from before they were recorded.
+  std::vector<std::pair<std::string, std::string>> settings;
   std::uint64_t global_batch() const { return std::uint64_t{world} * batch; }
 };
 

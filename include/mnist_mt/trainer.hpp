@@ -12,6 +12,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mnist_mt/backend.hpp"
@@ -197,6 +198,12 @@ struct TrainResult {
 // is its member's name ("batch", "sgd.lr", "bucket_mb", "save", ...). train() checks
 // the same, and the batch against the data.
 void check_train_config(const TrainConfig& config);
+
+// The flags that shape a run's steps from any position (Checkpoint::settings), as flag and
+// value text (numbers in their shortest exact form): the optimizer and the settings it
+// reads, the schedule and those it reads (--epochs and --max-steps for the schedules
+// whose length they set). A resumed run names those it changes.
+std::vector<std::pair<std::string, std::string>> trajectory_settings(const TrainConfig& config);
 
 // A worker failure surfaces as RuntimeFailure("rank R failed at step S: why"); a stall
 // longer than timeout_s as RuntimeFailure("rank R stalled at step S in PHASE ..."); an

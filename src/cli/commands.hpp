@@ -21,7 +21,7 @@ struct TrainFlags {
   TrainingFlags training;
   std::optional<double> target_accuracy;  // percent
   std::int64_t eval_every = 0;
-  std::uint64_t seed = 1;
+  std::optional<std::uint64_t> seed;  // none: TrainConfig's, 1
   double bucket_mb = 25.0;
   std::string exchange = "gradients";
   std::optional<std::string> save;

@@ -100,7 +100,7 @@ void add_data_flags(CLI::App& app, DataFlags& f) {
                  "Directory of the IDX files (or of torchvision's MNIST/raw); with --download, where they go");
   app.add_option("--dataset", f.dataset, "The data set wanted")
       ->check(CLI::IsMember({"mnist", "fashion-mnist"}))
-      ->capture_default_str();
+      ->default_str("mnist");
   app.add_flag("--download", f.download, "Fetch the data set's files (verified) unless present");
   app.add_option("--mirror", f.mirrors, "With --download: a base URL tried before the published mirrors (repeatable)")
       ->allow_extra_args(false);
@@ -149,7 +149,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       ->capture_default_str();
   app.add_option("--seed", f.seed, "Seed of the initial weights, the data order and dropout")
       ->transform(unsigned_number())
-      ->capture_default_str();
+      ->default_str("1");
   app.add_option("--bucket-mb", f.bucket_mb, "Gradient bucket cap in MiB (the first bucket: at most 1 MiB)")
       ->check(real_number(true))
       ->capture_default_str();

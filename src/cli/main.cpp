@@ -15,25 +15,13 @@
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/processes.hpp"
 #include "mnist_mt/trainer.hpp"
+#include "outputs.hpp"
 #include "signal_watch.hpp"
 
 namespace {
 
-// One line whatever the message quotes: a control character (a newline in a path, an
-// escape sequence in a file name) is written as \xNN.
-void report(const char* what) {
-  std::string line;
-  for (const char* c = what; *c != '\0'; ++c) {
-    const auto byte = static_cast<unsigned char>(*c);
-    if (byte >= 0x20 && byte != 0x7f) {
-      line += *c;
-      continue;
-    }
-    constexpr char kHex[] = "0123456789abcdef";
-    line += {'\\', 'x', kHex[byte >> 4], kHex[byte & 15]};
-  }
-  std::cerr << "mnist_mt: error: " << line << std::endl;
-}
+// One line whatever the message quotes (one_line).
+void report(const char* what) { std::cerr << "mnist_mt: error: " << mnist_mt::cli::one_line(what) << std::endl; }
 
 // Runs the chosen command, mapping errors to exit codes. `speaks(error)` says whether
 // this process prints the error's line (it may wait first).

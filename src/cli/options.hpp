@@ -44,7 +44,7 @@ struct DeviceFlags {
 
 struct DataFlags {
   std::optional<std::string> data;
-  std::string dataset = "mnist";
+  std::optional<std::string> dataset;  // --dataset; none: MNIST
   bool download = false;
   std::vector<std::string> mirrors;
 };

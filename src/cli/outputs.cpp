@@ -97,6 +97,19 @@ std::optional<std::string> checkpoint_problem(const fs::path& path, const RunFil
   return std::nullopt;
 }
 
+std::string one_line(std::string_view text) {
+  constexpr char kHex[] = "0123456789abcdef";
+  std::string line;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte != 0x7f)
+      line += c;
+    else
+      line += {'\\', 'x', kHex[byte >> 4], kHex[byte & 15]};
+  }
+  return line;
+}
+
 void finish_stdout() {
   if (std::cout.flush()) return;
   // A pipe whose reader is gone polls as an error.

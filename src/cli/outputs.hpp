@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "options.hpp"
@@ -38,6 +39,10 @@ void add_data_files(const DataFlags& f, RunFiles& files);
 void check_run_files(const RunFiles& files);
 // The problem with one more checkpoint output among `files`, or nothing.
 std::optional<std::string> checkpoint_problem(const std::filesystem::path& path, const RunFiles& files);
+
+// `text` as one line of a terminal: each control character (a newline in a path, an
+// escape sequence in a file name) written as \xNN.
+std::string one_line(std::string_view text);
 
 // After the files are written: a reader that closed stdout early (`| head`) is told on
 // stderr; any other write error on stdout lost the results (RuntimeFailure).

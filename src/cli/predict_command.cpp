@@ -44,7 +44,7 @@ int run_predict(const PredictFlags& f) {
     const Prediction& p = predictions[i];
     char line[64];
     std::snprintf(line, sizeof line, ": %d (probability %.4f)", p.digit, p.probability[p.digit]);
-    std::cout << names[i] << line;
+    std::cout << one_line(names[i]) << line;
     if (labels[i] >= 0) std::cout << ", label " << labels[i];
     std::cout << '\n';
   }

@@ -1,5 +1,7 @@
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "mnist_mt/checkpoint.hpp"
 #include "mnist_mt/error.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "outputs.hpp"
@@ -123,6 +126,34 @@ std::string nothing_to_train(const std::filesystem::path& file, std::uint32_t do
   return file.string() + " has finished " + finished + "; nothing to train (raise --epochs)";
 }
 
+// A checkpoint whose run had reached the accuracy --target-accuracy asks for.
+std::string target_reached(const std::filesystem::path& file, const Checkpoint& start, double target) {
+  char text[96];
+  std::snprintf(text, sizeof text, " reached %.2f%% test accuracy at its step %llu, --target-accuracy %g: ",
+                100 * *start.test_accuracy, static_cast<unsigned long long>(start.step), 100 * target);
+  return file.string() + text + "nothing to train (raise --target-accuracy)";
+}
+
+// What a resumed run does otherwise than the checkpoint's run would have: the settings it
+// changes (Checkpoint::settings), and a --seed it does not use. Empty when none.
+std::string resume_changes(const std::filesystem::path& file, const Checkpoint& start, const TrainConfig& config,
+                           bool seed_given) {
+  std::string changed;
+  for (const auto& [flag, value] : trajectory_settings(config)) {
+    const auto theirs = std::find_if(start.settings.begin(), start.settings.end(),
+                                     [&](const auto& setting) { return setting.first == flag; });
+    if (theirs != start.settings.end() && theirs->second != value)
+      changed += (changed.empty() ? "" : ", ") + flag + " " + value + " (its run: " + theirs->second + ")";
+  }
+  std::string note;
+  if (!changed.empty())
+    note = "mnist_mt: resuming " + file.string() + " with " + changed + ": its steps from here are not those its run would have taken";
+  if (seed_given && config.seed != start.seed)
+    note += std::string(note.empty() ? "" : "\n") + "mnist_mt: --seed " + std::to_string(config.seed) +
+            " is not used: a resumed run draws as its checkpoint's did, from seed " + std::to_string(start.seed);
+  return note;
+}
+
 // Where the CPU devices' threads run, for the line that starts a run.
 std::string pinning(std::size_t devices) {
   const std::vector<int> cores = cpu_cores_for(devices);
@@ -151,7 +182,7 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   config.mode = f.mode == "dp" ? Mode::kDp : Mode::kDdp;
   if (f.target_accuracy) config.target_accuracy = *f.target_accuracy / 100.0;
   config.eval_every = count_flag(f.eval_every, 0, "--eval-every");
-  config.seed = f.seed;
+  if (f.seed) config.seed = *f.seed;
   config.bucket_mb = f.bucket_mb;
   config.exchange = f.exchange == "factors" ? Exchange::kFactors : f.exchange == "gradients" ? Exchange::kGradients
                                                                                            : Exchange::kAuto;
@@ -195,14 +226,27 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
     // Several processes end at the first signal without a checkpoint.
     if (!config.save && processes == nullptr) config.interrupt_save = interrupt_checkpoint(config, files, interrupt_note);
   }
+  std::string resume_note;
   if (config.load) {
     const Checkpoint start = load_flag(*config.load);  // train() reads it again
     if (config.epochs > 0 && start.epoch >= config.epochs) {
       out << "mnist_mt: " << nothing_to_train(*config.load, start.epoch, config.epochs) << std::endl;
       return 0;
     }
+    if (config.target_accuracy && start.test_accuracy && *start.test_accuracy >= *config.target_accuracy) {
+      out << "mnist_mt: " << target_reached(*config.load, start, *config.target_accuracy) << std::endl;
+      return 0;
+    }
+    resume_note = resume_changes(*config.load, start, config, f.seed.has_value());
   }
   const Dataset data = load_data(f.data, out, &stop);
+  // No epochs: the data is found (or downloaded) and read, and that is all.
+  if (config.epochs == 0) {
+    const bool writes = config.save || config.metrics || config.trace;
+    out << "mnist_mt: --epochs 0: nothing to train" << (writes ? ", nothing written" : "") << std::endl;
+    if (reports) finish_stdout();
+    return 0;
+  }
   // A signal until now ends the run here: nothing is trained, nothing to save.
   if (!stop.start_training(config.save || !config.interrupt_save.empty()))
     throw Interrupted(std::string(signal_name(stop.stop_signal())) + ": stopped before training started",
@@ -215,6 +259,7 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   out << ", batch " << config.batch << " per device, " << describe_training(config) << ", " << data.train.size()
       << " training and " << data.test.size() << " test images"
       << interrupt_note << std::endl;
+  if (!resume_note.empty()) out << resume_note << std::endl;
   const TrainResult result = with_flag_names(kTrainFlags, [&] { return train(*devices.backend, data, config); });
   if (processes != nullptr) {
     // MPI_Finalize waits for every process, with no limit: the processes meet first,

@@ -73,6 +73,13 @@ Json shape_json(const ParamInfo& p) {
   return shape;
 }
 
+// The shortest text that reads back as `value`'s bits.
+std::string exact_text(double value) {
+  char text[32];
+  const auto [end, ec] = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, ec == std::errc() ? end : text);
+}
+
 std::string header_text(const Checkpoint& c) {
   Json header = Json::object();
   header["__metadata__"] = {{"format", "pt"},
@@ -89,6 +96,12 @@ std::string header_text(const Checkpoint& c) {
   if (c.fc1_factors) header["__metadata__"]["fc1_exchange"] = "factors";
   if (c.bf16_products) header["__metadata__"]["products"] = "bf16";
   header["__metadata__"]["optimizer"] = std::string(optimizer_name(c.optimizer));
+  if (c.test_accuracy) header["__metadata__"]["test_accuracy"] = exact_text(*c.test_accuracy);
+  for (const auto& [flag, value] : c.settings) {
+    if (!flag.starts_with("--") || header["__metadata__"].contains(flag))
+      throw RuntimeFailure("save_checkpoint: setting '" + flag + "' is no flag, or given twice");
+    header["__metadata__"][flag] = value;
+  }
   if (has_state(c)) header["__metadata__"]["optimizer_step"] = std::to_string(c.state.applied);
   std::uint64_t offset = 0;
   for (const Slot& s : slots(has_state(c) ? state_prefixes(c.optimizer) : std::vector<std::string>{})) {
@@ -312,6 +325,16 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
       fail(path, "metadata 'products' is " + products->dump() + ", not \"bf16\" or \"fp32\"");
     checkpoint.bf16_products = *products == "bf16";
   }
+  if (const auto accuracy = metadata->find("test_accuracy"); accuracy != metadata->end()) {
+    const std::string& text = accuracy->get_ref<const std::string&>();
+    double value = -1;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (ec != std::errc() || end != text.data() + text.size() || !(value >= 0 && value <= 1))
+      fail(path, "metadata 'test_accuracy' is " + accuracy->dump() + ", not a fraction from 0 to 1");
+    checkpoint.test_accuracy = value;
+  }
+  for (const auto& item : metadata->items())
+    if (item.key().starts_with("--")) checkpoint.settings.emplace_back(item.key(), item.value().get<std::string>());
   if (with_state) {
     // Version 1 kept no count: its SGD buffer had started once a step was taken.
     checkpoint.state.applied = version_1 ? checkpoint.step

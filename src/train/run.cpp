@@ -281,7 +281,7 @@ bool Run::train_steps(int rank, EpochMetrics& m, std::uint32_t first, std::uint3
 }
 
 void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step,
-               const std::filesystem::path& path) {
+               const std::filesystem::path& path, std::optional<double> test_accuracy) {
   beat(0, step, Phase::kSave);
   Checkpoint checkpoint;
   checkpoint.params.resize(kParamCount);
@@ -299,6 +299,8 @@ void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, 
   checkpoint.shard_order = sums_in_shard_order(config_, place_, backend_) && !factors_;
   checkpoint.fc1_factors = factors_;
   checkpoint.bf16_products = bf16_products();
+  checkpoint.test_accuracy = test_accuracy;
+  checkpoint.settings = trajectory_settings(config_);
   saver_.save(path, checkpoint);
 }
 
@@ -314,7 +316,11 @@ void Run::end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step, std::u
   if (metrics_) runtime_write([&] { metrics_->write(m); });
   progress_.end_epoch(m);
   // A position inside the epoch counts the epochs before it as completed.
-  if (config_.save) save(replica, epoch_step == 0 ? m.epoch : m.epoch - 1, epoch_step, step, *config_.save);
+  // Its test accuracy is the checkpoint's where the epoch ended with an evaluation.
+  const std::optional<double> accuracy =
+      std::isfinite(m.test_accuracy) ? std::optional<double>(m.test_accuracy) : std::nullopt;
+  if (config_.save)
+    save(replica, epoch_step == 0 ? m.epoch : m.epoch - 1, epoch_step, step, *config_.save, accuracy);
 }
 
 void Run::end_interrupted(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step) {

@@ -148,8 +148,9 @@ class Run {
   // The loaders' shards: training's by the layout, evaluation's a rank each.
   SharedLoaders::Shards train_shards() const;
   SharedLoaders::Shards test_shards() const;
+  // `test_accuracy`: the world's, where the test set was evaluated at this position.
   void save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step,
-            const std::filesystem::path& path);
+            const std::filesystem::path& path, std::optional<double> test_accuracy = std::nullopt);
   bool watch_tick();
   // The processes an exchange under way still waits for, "process P (host H, rank R)"
   // each; empty when none.

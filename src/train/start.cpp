@@ -1,6 +1,7 @@
 #include "start.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -173,6 +174,45 @@ Place place_of(const TrainConfig& config, const Dataset& data, const Backend& ba
   place.first_rank = me * ranks;
   place.world = count * ranks;
   return place;
+}
+
+std::vector<std::pair<std::string, std::string>> trajectory_settings(const TrainConfig& config) {
+  const auto number = [](double v) {
+    char text[32];
+    const auto [end, ec] = std::to_chars(text, text + sizeof text, v);
+    return std::string(text, ec == std::errc() ? end : text);
+  };
+  const OptimizerOptions& o = config.optimizer;
+  const ScheduleOptions& s = config.schedule;
+  std::vector<std::pair<std::string, std::string>> out{{"--optimizer", std::string(optimizer_name(o.kind))},
+                                                       {"--lr", number(o.lr)},
+                                                       {"--weight-decay", number(o.weight_decay)}};
+  switch (o.kind) {
+    case OptimizerKind::kSgd:
+      out.emplace_back("--momentum", number(o.momentum));
+      out.emplace_back("--nesterov", o.nesterov ? "true" : "false");
+      break;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      out.emplace_back("--betas", number(o.beta1) + "," + number(o.beta2));
+      out.emplace_back("--eps", number(o.eps));
+      break;
+    case OptimizerKind::kAdadelta:
+      out.emplace_back("--rho", number(o.rho));
+      out.emplace_back("--eps", number(o.eps));
+      break;
+  }
+  out.emplace_back("--lr-schedule", std::string(schedule_name(s.kind)));
+  if (s.kind == ScheduleKind::kStep) {
+    out.emplace_back("--lr-step", std::to_string(s.step_epochs));
+    out.emplace_back("--gamma", number(s.gamma));
+  }
+  if (s.kind == ScheduleKind::kOneCycle || s.kind == ScheduleKind::kCosine) {
+    out.emplace_back("--epochs", std::to_string(config.epochs));
+    out.emplace_back("--max-steps", std::to_string(config.max_steps));
+  }
+  out.emplace_back("--warmup", std::to_string(s.warmup));
+  return out;
 }
 
 void agree_on_start(const Checkpoint& start, const Place& place) {
