@@ -283,6 +283,21 @@ TEST(CliPredict, AMalformedImageExits2WithOneLineNamingItAndTheProblem) {
   }
 }
 
+// Rewrites the metadata of the checkpoint at `path` with `edit`.
+template <class Edit>
+void edit_metadata(const fs::path& path, Edit edit) {
+  const std::string bytes = slurp(path);
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  Json header = Json::parse(bytes.substr(8, n));
+  edit(header["__metadata__"]);
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+  const std::uint64_t length = text.size();
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      << std::string(reinterpret_cast<const char*>(&length), 8) + text + bytes.substr(8 + n);
+}
+
 // Resumed at step 3 of an epoch that --max-steps cuts to 2, the epoch takes no step:
 // its line says so instead of a train loss of nan.
 TEST(CliTrain, AnEpochWithNoStepsPrintsNoNan) {
@@ -291,17 +306,10 @@ TEST(CliTrain, AnEpochWithNoStepsPrintsNoNan) {
                                  small_data().string(), "--save", checkpoint.string()});
   ASSERT_EQ(first.exit_code, 0) << first.err;
   // Its epoch-end checkpoint made a mid-epoch one: epoch 0, step 3 of it.
-  const std::string bytes = slurp(checkpoint);
-  std::uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  Json header = Json::parse(bytes.substr(8, n));
-  header["__metadata__"]["epoch"] = "0";
-  header["__metadata__"]["epoch_step"] = "3";
-  std::string text = header.dump();
-  text.resize((text.size() + 7) / 8 * 8, ' ');
-  const std::uint64_t length = text.size();
-  std::ofstream(checkpoint, std::ios::binary | std::ios::trunc)
-      << std::string(reinterpret_cast<const char*>(&length), 8) + text + bytes.substr(8 + n);
+  edit_metadata(checkpoint, [](Json& metadata) {
+    metadata["epoch"] = "0";
+    metadata["epoch_step"] = "3";
+  });
   const Outcome o = run_cli({"--cpu", "1", "--batch-size", "8", "--epochs", "1", "--max-steps", "2", "--data",
                              small_data().string(), "--load", checkpoint.string()});
   ASSERT_EQ(o.exit_code, 0) << o.err;
@@ -365,6 +373,13 @@ TEST(CliTrain, LoadingARunThatReachedTheTargetSaysThereIsNothingToTrain) {
   EXPECT_EQ(std::count(o.out.begin(), o.out.end(), '\n'), 1) << o.out;
   EXPECT_EQ(slurp(checkpoint), saved);
   EXPECT_EQ(slurp(metrics), measured);
+  // Its epochs finished too: that line, naming the target as well.
+  resume[5] = "1";
+  const Outcome both = run_cli(resume);
+  EXPECT_EQ(both.exit_code, 0) << both.err;
+  EXPECT_EQ(both.out, "mnist_mt: " + checkpoint.string() +
+                          " has finished 1 of 1 epochs; nothing to train (raise --epochs) (it also reached "
+                          "--target-accuracy)\n");
   if (accuracy < 1) {
     resume = args(std::to_string(std::min(100.0, 100 * accuracy + 0.5)));
     resume.insert(resume.end(), {"--load", checkpoint.string()});
@@ -376,32 +391,50 @@ TEST(CliTrain, LoadingARunThatReachedTheTargetSaysThereIsNothingToTrain) {
 }
 
 // A resumed run that changes what its checkpoint's run trained with says which settings
-// it changed, and that a --seed other than the checkpoint's is not used; the same flags
-// say nothing.
+// it changed, and that a --seed other than the checkpoint's is not used; the same flags,
+// a setting a one-cycle schedule sets itself, or a file that records no settings say
+// nothing.
 TEST(CliTrain, AResumeNamesTheSettingsItChangesAndAnUnusedSeed) {
   const fs::path checkpoint = scratch_dir() / "changed.safetensors";
-  const auto args = [&](std::vector<std::string> more) {
-    std::vector<std::string> a{"--cpu", "1", "--batch-size", "8", "--max-steps", "2", "--data",
-                               small_data().string(), "--momentum", "0.9", "--lr", "0.05"};
+  const auto run = [&](std::vector<std::string> more) {
+    std::vector<std::string> a{"--cpu", "1", "--max-steps", "2", "--data", small_data().string()};
     a.insert(a.end(), more.begin(), more.end());
-    return a;
+    const Outcome o = run_cli(a);
+    EXPECT_EQ(o.exit_code, 0) << o.err;
+    return o.out;
   };
-  ASSERT_EQ(run_cli(args({"--epochs", "1", "--save", checkpoint.string()})).exit_code, 0);
-  const Outcome same = run_cli(args({"--epochs", "2", "--load", checkpoint.string(), "--seed", "1"}));
-  ASSERT_EQ(same.exit_code, 0) << same.err;
-  EXPECT_EQ(same.out.find("resuming"), std::string::npos) << same.out;
-  EXPECT_EQ(same.out.find("--seed"), std::string::npos) << same.out;
-  const Outcome changed = run_cli({"--cpu", "1", "--batch-size", "8", "--max-steps", "2", "--data",
-                                   small_data().string(), "--momentum", "0.5", "--lr", "0.05", "--epochs", "2",
-                                   "--load", checkpoint.string(), "--seed", "7", "--lr-schedule", "step"});
-  ASSERT_EQ(changed.exit_code, 0) << changed.err;
-  EXPECT_NE(changed.out.find("\nmnist_mt: resuming " + checkpoint.string() +
-                             " with --momentum 0.5 (its run: 0.9), --lr-schedule step (its run: constant): its "
-                             "steps from here are not those its run would have taken\n"
-                             "mnist_mt: --seed 7 is not used: a resumed run draws as its checkpoint's did, from "
-                             "seed 1\n"),
+  const std::string file = checkpoint.string();
+  const std::vector<std::string> saved{"--batch-size", "8", "--lr", "0.05", "--momentum", "0.9", "--epochs", "1",
+                                       "--save", file};
+  run(saved);
+  const std::string same =
+      run({"--batch-size", "8", "--lr", "5e-2", "--momentum", "0.9", "--epochs", "2", "--load", file, "--seed", "1"});
+  EXPECT_EQ(same.find("resuming"), std::string::npos) << same;
+  EXPECT_EQ(same.find("--seed"), std::string::npos) << same;
+  const std::string changed = run({"--batch-size", "4", "--lr", "0.05", "--momentum", "0.5", "--nesterov", "--epochs",
+                                   "2", "--load", file, "--seed", "7", "--lr-schedule", "step"});
+  EXPECT_NE(changed.find("\nmnist_mt: resuming " + file +
+                         " with --momentum 0.5 (its run: 0.9), with --nesterov (its run: without --nesterov), "
+                         "--lr-schedule step (its run: constant), a global batch of 4 (its run: 8): its steps from "
+                         "here are not those its run would have taken\n"
+                         "mnist_mt: --seed 7 is not used: a resumed run draws as its checkpoint's did, from seed 1\n"),
             std::string::npos)
-      << changed.out;
+      << changed;
+  // A file from before the settings were recorded.
+  run(saved);
+  edit_metadata(checkpoint, [](Json& metadata) {
+    for (auto it = metadata.begin(); it != metadata.end();) it = it.key().starts_with("--") ? metadata.erase(it) : ++it;
+  });
+  const std::string old = run({"--batch-size", "8", "--lr", "0.05", "--momentum", "0.5", "--epochs", "2", "--load", file});
+  EXPECT_EQ(old.find("resuming"), std::string::npos) << old;
+  // One-cycle sets the momentum itself; its length is --epochs.
+  run({"--batch-size", "8", "--lr", "0.05", "--momentum", "0.9", "--lr-schedule", "onecycle", "--epochs", "1", "--save",
+       file});
+  const std::string cycled = run({"--batch-size", "8", "--lr", "0.05", "--momentum", "0.8", "--lr-schedule", "onecycle",
+                                  "--epochs", "3", "--load", file});
+  EXPECT_NE(cycled.find("\nmnist_mt: resuming " + file + " with --epochs 3 (its run: 1): its steps"), std::string::npos)
+      << cycled;
+  EXPECT_EQ(cycled.find("--momentum"), std::string::npos) << cycled;
 }
 
 // --epochs 0 reads the data (the download idiom) and says that it trains nothing.

@@ -107,6 +107,19 @@ TEST_F(DataSource, NoDataAnywhereNamesEveryPlaceLooked) {
   }
 }
 
+// --dataset mnist given: MNIST or nothing, no Fashion-MNIST fallback.
+TEST_F(DataSource, MnistAskedForByNameDoesNotFallBackToFashionMnist) {
+  query_.fashion_fallback = false;
+  try {
+    mnist_mt::locate_data(query_);
+    FAIL() << "no error";
+  } catch (const mnist_mt::InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("no MNIST data in "), std::string::npos) << what;
+    EXPECT_EQ(what.find(query_.debian_dir.string()), std::string::npos) << what;
+  }
+}
+
 TEST_F(DataSource, TheCacheFollowsXdgThenHome) {
   setenv("XDG_CACHE_HOME", "/x/cache", 1);
   EXPECT_EQ(mnist_mt::cache_root(), fs::path("/x/cache/mnist_mt"));

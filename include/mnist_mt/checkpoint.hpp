@@ -48,6 +48,9 @@ struct Checkpoint {
   std::uint64_t global_batch() const { return std::uint64_t{world} * batch; }
 };
 
+// The shortest text that reads back as `value`'s bits (the metadata's numbers); 0 for -0.
+std::string exact_text(double value);
+
 // Temp file in the same directory, fsync, rename, fsync of the directory. Throws
 // InputError when the path cannot be created, RuntimeFailure when writing it fails
 // (a full disk); either way the file that was there stays as it was.

@@ -29,6 +29,9 @@ struct DataQuery {
   std::filesystem::path working_dir = ".";
   std::filesystem::path cache_root;               // cache_root() of the environment
   std::filesystem::path debian_dir = kDefaultDataDir;
+  // Whether MNIST, not found, falls back to Debian's Fashion-MNIST (with a notice): not
+  // when the user named the data set.
+  bool fashion_fallback = true;
 };
 
 struct DataChoice {
@@ -43,7 +46,7 @@ std::filesystem::path download_dir(const std::filesystem::path& cache_root, Data
 // The first directory holding the four IDX files (raw or .gz), in this order: data_dir
 // and its torchvision layout data_dir/<folder>/raw, when given; else env_dir and
 // env_dir/<folder>/raw, when given; else working_dir/data/<folder>/raw, the download
-// cache, Debian's Fashion-MNIST (for MNIST: with a notice). Throws InputError listing
+// cache, Debian's Fashion-MNIST (for MNIST: with a notice, where fashion_fallback). Throws InputError listing
 // where it looked when none does.
 DataChoice locate_data(const DataQuery& query);
 

@@ -200,9 +200,10 @@ struct TrainResult {
 void check_train_config(const TrainConfig& config);
 
 // The flags that shape a run's steps from any position (Checkpoint::settings), as flag and
-// value text (numbers in their shortest exact form): the optimizer and the settings it
-// reads, the schedule and those it reads (--epochs and --max-steps for the schedules
-// whose length they set). A resumed run names those it changes.
+// value text (numbers in exact_text's form, --nesterov as true or false): the optimizer
+// and the settings it reads (not those a one-cycle schedule sets itself: SGD's momentum,
+// Adam's betas), the schedule and those it reads (--epochs for the schedules whose length
+// it sets), --max-steps and --warmup. A resumed run names those it changes.
 std::vector<std::pair<std::string, std::string>> trajectory_settings(const TrainConfig& config);
 
 // A worker failure surfaces as RuntimeFailure("rank R failed at step S: why"); a stall

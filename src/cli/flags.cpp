@@ -149,7 +149,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
       ->capture_default_str();
   app.add_option("--seed", f.seed, "Seed of the initial weights, the data order and dropout")
       ->transform(unsigned_number())
-      ->default_str("1");
+      ->default_str(std::to_string(TrainConfig{}.seed));
   app.add_option("--bucket-mb", f.bucket_mb, "Gradient bucket cap in MiB (the first bucket: at most 1 MiB)")
       ->check(real_number(true))
       ->capture_default_str();

@@ -146,11 +146,12 @@ DataChoice find_data(const DataFlags& f) {
   if (f.data) query.data_dir = *f.data;
   query.env_dir = env_path("MNIST_MT_DATA");
   query.cache_root = cache_root();
+  // A data set named is that one or none: no fallback, and a directory that holds the
+  // other one would train on it under the name asked for.
+  query.fashion_fallback = !f.dataset;
   DataChoice choice = locate_data(query);
-  // A directory that holds the other data set would train on it under the name asked for
-  // (the fallback to Debian's Fashion-MNIST says so in its notice).
   const std::string_view asked = dataset_name(kind);
-  if (f.dataset && choice.notice.empty() && choice.name != asked && choice.name != "IDX files")
+  if (f.dataset && choice.name != asked && choice.name != "IDX files")
     throw InputError("--dataset " + *f.dataset + ": " + choice.dir.string() + " holds " + choice.name + ", not " +
                      std::string(asked));
   return choice;

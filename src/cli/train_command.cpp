@@ -134,24 +134,38 @@ std::string target_reached(const std::filesystem::path& file, const Checkpoint& 
   return file.string() + text + "nothing to train (raise --target-accuracy)";
 }
 
-// What a resumed run does otherwise than the checkpoint's run would have: the settings it
-// changes (Checkpoint::settings), and a --seed it does not use. Empty when none.
-std::string resume_changes(const std::filesystem::path& file, const Checkpoint& start, const TrainConfig& config,
-                           bool seed_given) {
+// What a resumed run does otherwise than the checkpoint's run would have, a line each:
+// the settings it changes (Checkpoint::settings; --warmup only while either warm-up
+// lasts; the global batch from the checkpoint's layout), and a --seed it does not use.
+std::vector<std::string> resume_changes(const std::filesystem::path& file, const Checkpoint& start,
+                                        const TrainConfig& config, std::uint64_t world, bool seed_given) {
+  // "--lr 0.1 (its run: 0.01)"; a switch as "with --nesterov (its run: without --nesterov)".
+  const auto on_off = [](const std::string& flag, const std::string& value) -> std::optional<std::string> {
+    if (value == "true" || value == "false") return (value == "true" ? "with " : "without ") + flag;
+    return std::nullopt;
+  };
   std::string changed;
   for (const auto& [flag, value] : trajectory_settings(config)) {
     const auto theirs = std::find_if(start.settings.begin(), start.settings.end(),
                                      [&](const auto& setting) { return setting.first == flag; });
-    if (theirs != start.settings.end() && theirs->second != value)
-      changed += (changed.empty() ? "" : ", ") + flag + " " + value + " (its run: " + theirs->second + ")";
+    if (theirs == start.settings.end() || theirs->second == value) continue;
+    if (flag == "--warmup" && start.step >= std::max(config.schedule.warmup, whole_number<std::uint32_t>(theirs->second).value_or(0)))
+      continue;
+    changed += (changed.empty() ? "" : ", ") + on_off(flag, value).value_or(flag + " " + value) + " (its run: " +
+               on_off(flag, theirs->second).value_or(theirs->second) + ")";
   }
-  std::string note;
+  const std::uint64_t global = std::uint64_t{config.batch} * world;
+  if (start.world != 0 && start.global_batch() != global)
+    changed += (changed.empty() ? "" : ", ") + std::string("a global batch of ") + std::to_string(global) +
+               " (its run: " + std::to_string(start.global_batch()) + ")";
+  std::vector<std::string> lines;
   if (!changed.empty())
-    note = "mnist_mt: resuming " + file.string() + " with " + changed + ": its steps from here are not those its run would have taken";
+    lines.push_back("mnist_mt: resuming " + file.string() + " with " + changed +
+                    ": its steps from here are not those its run would have taken");
   if (seed_given && config.seed != start.seed)
-    note += std::string(note.empty() ? "" : "\n") + "mnist_mt: --seed " + std::to_string(config.seed) +
-            " is not used: a resumed run draws as its checkpoint's did, from seed " + std::to_string(start.seed);
-  return note;
+    lines.push_back("mnist_mt: --seed " + std::to_string(config.seed) +
+                    " is not used: a resumed run draws as its checkpoint's did, from seed " + std::to_string(start.seed));
+  return lines;
 }
 
 // Where the CPU devices' threads run, for the line that starts a run.
@@ -226,18 +240,21 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
     // Several processes end at the first signal without a checkpoint.
     if (!config.save && processes == nullptr) config.interrupt_save = interrupt_checkpoint(config, files, interrupt_note);
   }
-  std::string resume_note;
-  if (config.load) {
+  std::vector<std::string> resume_notes;
+  if (config.load && config.epochs > 0) {  // --epochs 0 says so below
     const Checkpoint start = load_flag(*config.load);  // train() reads it again
-    if (config.epochs > 0 && start.epoch >= config.epochs) {
-      out << "mnist_mt: " << nothing_to_train(*config.load, start.epoch, config.epochs) << std::endl;
+    const bool reached =
+        config.target_accuracy && start.test_accuracy && *start.test_accuracy >= *config.target_accuracy;
+    if (start.epoch >= config.epochs) {
+      out << "mnist_mt: " << one_line(nothing_to_train(*config.load, start.epoch, config.epochs))
+          << (reached ? " (it also reached --target-accuracy)" : "") << std::endl;
       return 0;
     }
-    if (config.target_accuracy && start.test_accuracy && *start.test_accuracy >= *config.target_accuracy) {
-      out << "mnist_mt: " << target_reached(*config.load, start, *config.target_accuracy) << std::endl;
+    if (reached) {
+      out << "mnist_mt: " << one_line(target_reached(*config.load, start, *config.target_accuracy)) << std::endl;
       return 0;
     }
-    resume_note = resume_changes(*config.load, start, config, f.seed.has_value());
+    resume_notes = resume_changes(*config.load, start, config, world, f.seed.has_value());
   }
   const Dataset data = load_data(f.data, out, &stop);
   // No epochs: the data is found (or downloaded) and read, and that is all.
@@ -259,7 +276,7 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   out << ", batch " << config.batch << " per device, " << describe_training(config) << ", " << data.train.size()
       << " training and " << data.test.size() << " test images"
       << interrupt_note << std::endl;
-  if (!resume_note.empty()) out << resume_note << std::endl;
+  for (const std::string& note : resume_notes) out << one_line(note) << std::endl;
   const TrainResult result = with_flag_names(kTrainFlags, [&] { return train(*devices.backend, data, config); });
   if (processes != nullptr) {
     // MPI_Finalize waits for every process, with no limit: the processes meet first,

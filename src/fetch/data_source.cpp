@@ -68,7 +68,7 @@ DataChoice locate_data(const DataQuery& query) {
     looked += (looked.empty() ? "" : ", ") + dir.string();
   }
   const bool named = query.data_dir || query.env_dir;
-  if (!named && query.wanted == DatasetKind::kMnist && holds_idx_files(query.debian_dir)) {
+  if (!named && query.fashion_fallback && query.wanted == DatasetKind::kMnist && holds_idx_files(query.debian_dir)) {
     return {query.debian_dir, identify_data(query.debian_dir),
             "no MNIST found (looked in " + looked + "); using Fashion-MNIST from " + query.debian_dir.string() +
                 " (--download fetches MNIST)"};

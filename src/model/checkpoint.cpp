@@ -73,13 +73,6 @@ Json shape_json(const ParamInfo& p) {
   return shape;
 }
 
-// The shortest text that reads back as `value`'s bits.
-std::string exact_text(double value) {
-  char text[32];
-  const auto [end, ec] = std::to_chars(text, text + sizeof text, value);
-  return std::string(text, ec == std::errc() ? end : text);
-}
-
 std::string header_text(const Checkpoint& c) {
   Json header = Json::object();
   header["__metadata__"] = {{"format", "pt"},
@@ -215,6 +208,12 @@ T metadata_number(const std::filesystem::path& path, const Json& metadata, const
 }
 
 }  // namespace
+
+std::string exact_text(double value) {
+  char text[32];
+  const auto [end, ec] = std::to_chars(text, text + sizeof text, value == 0 ? 0.0 : value);
+  return std::string(text, ec == std::errc() ? end : text);
+}
 
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint) {
   const int buffers = has_state(checkpoint) ? state_buffers(checkpoint.optimizer) : 0;

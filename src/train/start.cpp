@@ -1,7 +1,6 @@
 #include "start.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -177,24 +176,22 @@ Place place_of(const TrainConfig& config, const Dataset& data, const Backend& ba
 }
 
 std::vector<std::pair<std::string, std::string>> trajectory_settings(const TrainConfig& config) {
-  const auto number = [](double v) {
-    char text[32];
-    const auto [end, ec] = std::to_chars(text, text + sizeof text, v);
-    return std::string(text, ec == std::errc() ? end : text);
-  };
+  const auto number = exact_text;
   const OptimizerOptions& o = config.optimizer;
   const ScheduleOptions& s = config.schedule;
   std::vector<std::pair<std::string, std::string>> out{{"--optimizer", std::string(optimizer_name(o.kind))},
                                                        {"--lr", number(o.lr)},
                                                        {"--weight-decay", number(o.weight_decay)}};
+  // A one-cycle schedule sets SGD's momentum and Adam's first beta at every step itself.
+  const bool cycled = s.kind == ScheduleKind::kOneCycle;
   switch (o.kind) {
     case OptimizerKind::kSgd:
-      out.emplace_back("--momentum", number(o.momentum));
+      if (!cycled) out.emplace_back("--momentum", number(o.momentum));
       out.emplace_back("--nesterov", o.nesterov ? "true" : "false");
       break;
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdamW:
-      out.emplace_back("--betas", number(o.beta1) + "," + number(o.beta2));
+      if (!cycled) out.emplace_back("--betas", number(o.beta1) + "," + number(o.beta2));
       out.emplace_back("--eps", number(o.eps));
       break;
     case OptimizerKind::kAdadelta:
@@ -207,10 +204,9 @@ std::vector<std::pair<std::string, std::string>> trajectory_settings(const Train
     out.emplace_back("--lr-step", std::to_string(s.step_epochs));
     out.emplace_back("--gamma", number(s.gamma));
   }
-  if (s.kind == ScheduleKind::kOneCycle || s.kind == ScheduleKind::kCosine) {
+  if (s.kind == ScheduleKind::kOneCycle || s.kind == ScheduleKind::kCosine)
     out.emplace_back("--epochs", std::to_string(config.epochs));
-    out.emplace_back("--max-steps", std::to_string(config.max_steps));
-  }
+  out.emplace_back("--max-steps", std::to_string(config.max_steps));
   out.emplace_back("--warmup", std::to_string(s.warmup));
   return out;
 }
