@@ -423,6 +423,10 @@ TEST_F(CheckpointTest, RejectsMismatchedTensors) {
        "metadata 'test_accuracy' is \"1.5\", not a fraction from 0 to 1"},
       {[](Json& h, std::string&) { h["__metadata__"]["test_accuracy"] = "nan"; }, "'test_accuracy' is \"nan\""},
       {[](Json& h, std::string&) { h["__metadata__"]["test_accuracy"] = "0.9x"; }, "'test_accuracy' is \"0.9x\""},
+      {[](Json& h, std::string&) { h["__metadata__"]["--lr"] = std::string(65, '9'); },
+       "metadata '--lr' is not a setting's value (1 to 64 printable characters)"},
+      {[](Json& h, std::string&) { h["__metadata__"]["--momentum"] = "0.9\x1b[2J"; }, "metadata '--momentum' is not"},
+      {[](Json& h, std::string&) { h["__metadata__"]["--nesterov"] = ""; }, "metadata '--nesterov' is not"},
       {[](Json&, std::string& d) { put_float(d, 5, std::numeric_limits<float>::quiet_NaN()); },
        "tensor 'conv1.weight' holds a non-finite value at element 5"},
       {[](Json& h, std::string& d) {

@@ -37,6 +37,19 @@ namespace {
 
 using namespace testing_fixture;
 
+// --target-accuracy PCT is PCT / 100: an accuracy of k in 10000 reaches the target k / 100
+// percent (which the division may round above it), and the one below does not.
+TEST(TargetAccuracy, AnAccuracyEqualInDecimalReachesIt) {
+  int rounded_above = 0;
+  for (int k = 1; k <= 10000; ++k) {
+    const double target = (k / 100.0) / 100.0, accuracy = k / 10000.0;
+    rounded_above += accuracy < target ? 1 : 0;
+    EXPECT_TRUE(mnist_mt::reaches_target(accuracy, target)) << k;
+    EXPECT_FALSE(mnist_mt::reaches_target((k - 1) / 10000.0, target)) << k;
+  }
+  EXPECT_GT(rounded_above, 0);  // what a plain comparison would miss
+}
+
 TEST(Buckets, FollowPyTorchsAssignmentInReverseLayerOrder) {
   // Default: fc2 alone is under the first 1 MiB cap, fc2+fc1 over it; conv2+conv1 fill the next.
   const auto defaults = make_buckets(25.0);

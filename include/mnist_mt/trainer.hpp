@@ -94,6 +94,11 @@ struct TrainConfig {
   // global steps and at each epoch's end (eval_every 0: at epoch ends only).
   std::optional<double> target_accuracy;
   std::uint32_t eval_every = 0;
+  // Lines for the progress stream once a resumed run's start is accepted (the CLI's: the
+  // settings it changes from its checkpoint's run, a --seed it does not use), and whether
+  // it changes any settings: its resume note then claims no bit-for-bit run.
+  std::vector<std::string> resume_notes;
+  bool resume_changes_settings = false;
   std::uint64_t seed = 1;
   double bucket_mb = 25.0;         // cap of every bucket but the first (which is min(1 MB, cap))
   Exchange exchange = Exchange::kGradients;
@@ -144,6 +149,11 @@ struct PhaseSeconds {
   // out, and count 0 there).
   double replayed = 0;
 };
+
+// Whether a test accuracy (a fraction) reaches `target` (TrainConfig::target_accuracy):
+// one equal to it in decimal counts, such as 1939 of 10000 for 19.39%, which the
+// division of the percentage by 100 may round above it.
+inline bool reaches_target(double accuracy, double target) { return accuracy >= target - 1e-12; }
 
 struct EpochMetrics {
   std::uint32_t epoch = 0;

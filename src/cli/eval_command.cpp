@@ -70,10 +70,10 @@ int run_eval(const EvalFlags& f) {
   const bool bf16 = devices.backend->precision() == Precision::kBf16;
   check_host_memory(*devices.backend, config.batch, config.devices.size());
   const Dataset data = load_data(f.data, std::cout);
-  std::cout << "mnist_mt: eval of " << f.load << " on " << config.devices.size() << ' ' << devices.backend->name()
+  std::cout << "mnist_mt: eval of " << one_line(f.load) << " on " << config.devices.size() << ' ' << devices.backend->name()
             << " device(s)" << (bf16 ? ", fc1 and fc2 on bf16 operands" : "") << std::endl;
   if (trained_bf16 != bf16)
-    std::cout << "mnist_mt: " << f.load << " was trained with " << precision_name(trained_bf16)
+    std::cout << "mnist_mt: " << one_line(f.load) << " was trained with " << precision_name(trained_bf16)
               << " products, evaluated with " << precision_name(bf16)
               << " ones (--precision): its run's test figures may differ in their last digits" << std::endl;
   const EvalResult result = with_flag_names({{"batch", "--batch-size"}, {"load", "--load"}},

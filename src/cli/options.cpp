@@ -1,4 +1,5 @@
 #include "options.hpp"
+#include "outputs.hpp"
 
 #include <unistd.h>
 
@@ -160,7 +161,7 @@ DataChoice find_data(const DataFlags& f) {
 Dataset load_data(const DataFlags& f, std::ostream& out, const StopRequest* stop) {
   if (!f.mirrors.empty() && !f.download) throw InputError("--mirror: only with --download");
   const DataChoice choice = find_data(f);
-  out << "mnist_mt: " << choice.name << " from " << choice.dir.string() << (f.download ? " (--download)" : "")
+  out << "mnist_mt: " << choice.name << " from " << one_line(choice.dir.string()) << (f.download ? " (--download)" : "")
       << std::endl;
   if (!choice.notice.empty()) std::cerr << "mnist_mt: " << choice.notice << std::endl;
   if (f.download) {

@@ -126,12 +126,13 @@ std::string nothing_to_train(const std::filesystem::path& file, std::uint32_t do
   return file.string() + " has finished " + finished + "; nothing to train (raise --epochs)";
 }
 
-// A checkpoint whose run had reached the accuracy --target-accuracy asks for.
+// A checkpoint whose run had reached the accuracy --target-accuracy asks for: the line's
+// start, up to "nothing to train".
 std::string target_reached(const std::filesystem::path& file, const Checkpoint& start, double target) {
   char text[96];
   std::snprintf(text, sizeof text, " reached %.2f%% test accuracy at its step %llu, --target-accuracy %g: ",
                 100 * *start.test_accuracy, static_cast<unsigned long long>(start.step), 100 * target);
-  return file.string() + text + "nothing to train (raise --target-accuracy)";
+  return file.string() + text;
 }
 
 // What a resumed run does otherwise than the checkpoint's run would have, a line each:
@@ -240,27 +241,30 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
     // Several processes end at the first signal without a checkpoint.
     if (!config.save && processes == nullptr) config.interrupt_save = interrupt_checkpoint(config, files, interrupt_note);
   }
-  std::vector<std::string> resume_notes;
+  std::optional<Checkpoint> start;  // train() reads it again
+  bool reached = false;
   if (config.load && config.epochs > 0) {  // --epochs 0 says so below
-    const Checkpoint start = load_flag(*config.load);  // train() reads it again
-    const bool reached =
-        config.target_accuracy && start.test_accuracy && *start.test_accuracy >= *config.target_accuracy;
-    if (start.epoch >= config.epochs) {
-      out << "mnist_mt: " << one_line(nothing_to_train(*config.load, start.epoch, config.epochs))
+    start = load_flag(*config.load);
+    reached = config.target_accuracy && start->test_accuracy &&
+              reaches_target(*start->test_accuracy, *config.target_accuracy);
+    if (start->epoch >= config.epochs) {
+      out << "mnist_mt: " << one_line(nothing_to_train(*config.load, start->epoch, config.epochs))
           << (reached ? " (it also reached --target-accuracy)" : "") << std::endl;
       return 0;
     }
-    if (reached) {
-      out << "mnist_mt: " << one_line(target_reached(*config.load, start, *config.target_accuracy)) << std::endl;
-      return 0;
-    }
-    resume_notes = resume_changes(*config.load, start, config, world, f.seed.has_value());
+    const std::vector<std::string> changes = resume_changes(*config.load, *start, config, world, f.seed.has_value());
+    for (const std::string& line : changes) config.resume_notes.push_back(one_line(line));
+    config.resume_changes_settings = !changes.empty() && changes.front().starts_with("mnist_mt: resuming");
   }
   const Dataset data = load_data(f.data, out, &stop);
-  // No epochs: the data is found (or downloaded) and read, and that is all.
-  if (config.epochs == 0) {
-    const bool writes = config.save || config.metrics || config.trace;
-    out << "mnist_mt: --epochs 0: nothing to train" << (writes ? ", nothing written" : "") << std::endl;
+  // No epochs, or a checkpoint whose run reached the target asked for (told once the data
+  // is found and read): that is all.
+  const bool writes = config.save || config.metrics || config.trace;
+  if (config.epochs == 0 || reached) {
+    out << "mnist_mt: "
+        << (reached ? one_line(target_reached(*config.load, *start, *config.target_accuracy)) : "--epochs 0: ")
+        << "nothing to train" << (writes ? ", nothing written" : "") << (reached ? " (raise --target-accuracy)" : "")
+        << std::endl;
     if (reports) finish_stdout();
     return 0;
   }
@@ -276,7 +280,6 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   out << ", batch " << config.batch << " per device, " << describe_training(config) << ", " << data.train.size()
       << " training and " << data.test.size() << " test images"
       << interrupt_note << std::endl;
-  for (const std::string& note : resume_notes) out << one_line(note) << std::endl;
   const TrainResult result = with_flag_names(kTrainFlags, [&] { return train(*devices.backend, data, config); });
   if (processes != nullptr) {
     // MPI_Finalize waits for every process, with no limit: the processes meet first,

@@ -332,8 +332,15 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
       fail(path, "metadata 'test_accuracy' is " + accuracy->dump() + ", not a fraction from 0 to 1");
     checkpoint.test_accuracy = value;
   }
-  for (const auto& item : metadata->items())
-    if (item.key().starts_with("--")) checkpoint.settings.emplace_back(item.key(), item.value().get<std::string>());
+  // A setting's value is a flag's: short, printable text (a resumed run quotes it).
+  for (const auto& item : metadata->items()) {
+    if (!item.key().starts_with("--")) continue;
+    const std::string& value = item.value().get_ref<const std::string&>();
+    if (value.empty() || value.size() > 64 ||
+        !std::all_of(value.begin(), value.end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
+      fail(path, "metadata '" + item.key() + "' is not a setting's value (1 to 64 printable characters)");
+    checkpoint.settings.emplace_back(item.key(), value);
+  }
   if (with_state) {
     // Version 1 kept no count: its SGD buffer had started once a step was taken.
     checkpoint.state.applied = version_1 ? checkpoint.step

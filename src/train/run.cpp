@@ -71,6 +71,8 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
   // World rank 0's process writes the files and speaks.
   if (!layout_.note.empty() && config_.progress != nullptr && place_.process() == 0)
     *config_.progress << layout_.note << "\n";
+  if (config_.progress != nullptr && place_.process() == 0)
+    for (const std::string& note : config_.resume_notes) *config_.progress << note << "\n";
   if (config_.load && start_.world != 0 && start_.fc1_factors != factors_ && config_.epochs > start_.epoch &&
       config_.progress != nullptr && place_.process() == 0)
     *config_.progress << "mnist_mt: resuming a checkpoint whose fc1 gradients were exchanged as "

@@ -316,7 +316,8 @@ ShardLayout layout_of(const TrainConfig& config, const Place& place, const Check
   const std::uint32_t fewest = start.world / world, most = fewest + (start.world % world != 0 ? 1 : 0);
   layout.note = resuming + "its " + std::to_string(start.world) + " shards of " + std::to_string(start.batch) +
                 " computed " + std::to_string(fewest) + (most != fewest ? " or " + std::to_string(most) : "") +
-                " a rank, in turn, and summed in its order: bit for bit its run";
+                " a rank, in turn, and summed in its order" +
+                (config.resume_changes_settings ? " (with the settings changed below)" : ": bit for bit its run");
   return layout;
 }
 
