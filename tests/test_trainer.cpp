@@ -29,6 +29,7 @@
 #include "mnist_mt/model.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "train/buckets.hpp"
+#include "train/failures.hpp"
 #include "train/step_timer.hpp"
 #include "train_fixture.hpp"
 
@@ -48,6 +49,26 @@ TEST(TargetAccuracy, AnAccuracyEqualInDecimalReachesIt) {
     EXPECT_FALSE(mnist_mt::reaches_target((k - 1) / 10000.0, target)) << k;
   }
   EXPECT_GT(rounded_above, 0);  // what a plain comparison would miss
+}
+
+// A stop request ends every rank before the same step: one past the furthest any rank has
+// gone on to, or the step checked when no rank has gone on to it (a request between steps).
+TEST(StopLine, EveryRankStopsBeforeTheFirstStepNoneHasStarted) {
+  {
+    mnist_mt::StopLine line(2);
+    for (int rank : {0, 1}) EXPECT_FALSE(line.stop_before(rank, 4, false));
+    EXPECT_TRUE(line.stop_before(1, 5, true));  // between steps 4 and 5: none more
+    EXPECT_TRUE(line.stop_before(0, 5, false));
+  }
+  {
+    mnist_mt::StopLine line(2);
+    for (std::uint64_t step : {4, 5, 6}) EXPECT_FALSE(line.stop_before(0, step, false));  // rank 0 runs ahead
+    EXPECT_FALSE(line.stop_before(1, 4, false));
+    EXPECT_FALSE(line.stop_before(1, 5, true));  // rank 0 went on to 6: both finish it
+    EXPECT_FALSE(line.stop_before(1, 6, false));
+    EXPECT_TRUE(line.stop_before(1, 7, false));
+    EXPECT_TRUE(line.stop_before(0, 7, false));
+  }
 }
 
 TEST(Buckets, FollowPyTorchsAssignmentInReverseLayerOrder) {

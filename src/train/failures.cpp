@@ -72,9 +72,10 @@ void Failures::rethrow() const {
 
 bool StopLine::stop_before(int rank, std::uint64_t step, bool requested) {
   std::lock_guard lock(mutex_);
-  started_[static_cast<std::size_t>(rank)] = step;
-  if (requested && stop_at_ == kNever) stop_at_ = *std::max_element(started_.begin(), started_.end()) + 1;
-  return step >= stop_at_;
+  if (requested && stop_at_ == kNever) stop_at_ = *std::max_element(started_.begin(), started_.end());
+  if (step >= stop_at_) return true;
+  started_[static_cast<std::size_t>(rank)] = step + 1;
+  return false;
 }
 
 }  // namespace mnist_mt

@@ -75,8 +75,10 @@ class Failures {
 
 // Where a stop request (the first SIGINT or SIGTERM) ends the ranks' training: every
 // rank checks before each step; the first to see the request sets the stop one step past
-// the furthest any rank has started. Hosts run ahead of their devices, and so of each
-// other, but none past a step that every rank will start.
+// the furthest any rank has started, or before the step it checks when none has started
+// that one (a request between steps, such as during an epoch's evaluation, takes no step
+// more). Hosts run ahead of their devices, and so of each other, but none past a step
+// that every rank will start.
 class StopLine {
  public:
   explicit StopLine(int ranks) : started_(static_cast<std::size_t>(ranks), 0) {}
@@ -87,7 +89,7 @@ class StopLine {
   static constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
   std::mutex mutex_;  // guards stop_at_ and started_
   std::uint64_t stop_at_ = kNever;
-  std::vector<std::uint64_t> started_;  // per rank: the step it checked for last
+  std::vector<std::uint64_t> started_;  // per rank: 1 + the step it last went on to (0: none)
 };
 
 }  // namespace mnist_mt

@@ -327,7 +327,10 @@ void Run::end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step, std::u
 
 void Run::end_interrupted(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step) {
   const std::filesystem::path path = config_.save.value_or(config_.interrupt_save);
-  if (!path.empty()) save(replica, epoch, epoch_step, step, path);  // empty: nowhere to save
+  // Stopped before an epoch's first step: its start is the last epoch's end, whose save
+  // to --save (its test accuracy with it) stands.
+  const bool saved_at_epoch_end = epoch_step == 0 && epoch > start_.epoch && config_.save;
+  if (!path.empty() && !saved_at_epoch_end) save(replica, epoch, epoch_step, step, path);  // empty: nowhere to save
   result_.interrupted = Interruption{config_.stop->stop_signal(), path, epoch, epoch_step, step};
 }
 
