@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -136,7 +138,32 @@ TEST(Identify, TellsDebiansFashionMnistFromOtherIdxFiles) {
   fs::create_directories(other);
   std::ofstream(other / "train-labels-idx1-ubyte") << "not labels";
   EXPECT_EQ(mnist_mt::identify_data(other), "IDX files");
+  // Fashion-MNIST's training labels with test labels of neither data set: not Fashion-MNIST.
+  fs::remove(other / "train-labels-idx1-ubyte");
+  for (const char* name : {"train-labels-idx1-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "train-labels-idx1-ubyte",
+                           "t10k-labels-idx1-ubyte"})
+    if (fs::exists(mnist_mt::kDefaultDataDir / name)) fs::copy_file(mnist_mt::kDefaultDataDir / name, other / name);
+  EXPECT_EQ(mnist_mt::identify_data(other), "Fashion-MNIST");
+  for (const char* name : {"t10k-labels-idx1-ubyte.gz", "t10k-labels-idx1-ubyte"}) fs::remove(other / name);
+  std::ofstream(other / "t10k-labels-idx1-ubyte") << "not labels";
+  EXPECT_EQ(mnist_mt::identify_data(other), "IDX files");
   fs::remove_all(other);
+}
+
+// MNIST's training labels with Fashion-MNIST's test labels are named as such (where both
+// data sets are here).
+TEST(Identify, NamesBothDataSetsOfAMixedDirectory) {
+  const char* root = std::getenv("MNIST_MT_SOURCE_ROOT");
+  const fs::path mnist = fs::path(root != nullptr ? root : ".") / "bench" / ".data" / "mnist";
+  if (!fs::exists(mnist_mt::kDefaultDataDir) || !fs::exists(mnist / "train-labels-idx1-ubyte"))
+    GTEST_SKIP() << "needs Debian's Fashion-MNIST and MNIST in bench/.data/mnist (bench/compare.py fetches it)";
+  const fs::path mixed = fs::temp_directory_path() / ("mnist_mt_mixed_" + std::to_string(::getpid()));
+  fs::create_directories(mixed);
+  fs::copy_file(mnist / "train-labels-idx1-ubyte", mixed / "train-labels-idx1-ubyte");
+  for (const char* name : {"t10k-labels-idx1-ubyte.gz", "t10k-labels-idx1-ubyte"})
+    if (fs::exists(mnist_mt::kDefaultDataDir / name)) fs::copy_file(mnist_mt::kDefaultDataDir / name, mixed / name);
+  EXPECT_EQ(mnist_mt::identify_data(mixed), "MNIST's training labels with Fashion-MNIST's test labels");
+  fs::remove_all(mixed);
 }
 
 }  // namespace

@@ -50,8 +50,9 @@ std::filesystem::path download_dir(const std::filesystem::path& cache_root, Data
 // where it looked when none does.
 DataChoice locate_data(const DataQuery& query);
 
-// The data set in `dir`, told by the checksum of its training labels: "MNIST",
-// "Fashion-MNIST", or "IDX files" for any other.
+// The data set in `dir`, told by the checksums of its training and test labels: "MNIST",
+// "Fashion-MNIST", both named when the two are of different ones ("MNIST's training
+// labels with Fashion-MNIST's test labels"), or "IDX files" when either is of neither.
 std::string identify_data(const std::filesystem::path& dir);
 
 }  // namespace mnist_mt

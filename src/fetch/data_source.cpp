@@ -78,8 +78,11 @@ DataChoice locate_data(const DataQuery& query) {
   throw InputError(source + what + " in " + looked + "; --download fetches " + std::string(dataset_name(query.wanted)));
 }
 
-std::string identify_data(const fs::path& dir) {
-  const FileSpec& labels = dataset_spec(DatasetKind::kMnist).files[1];
+namespace {
+
+// The data set whose labels file `index` (1: training, 3: test) is in `dir`, or empty.
+std::string labels_of(const fs::path& dir, std::size_t index) {
+  const FileSpec& labels = dataset_spec(DatasetKind::kMnist).files[index];
   for (const fs::path& path : {dir / labels.name, dir / (labels.name + ".gz")}) {
     if (!present(path)) continue;
     try {
@@ -87,13 +90,21 @@ std::string identify_data(const fs::path& dir) {
       if (is_gzip(bytes)) bytes = gunzip(bytes, labels.content_bytes).value_or(std::vector<std::uint8_t>{});
       const std::string md5 = md5_hex(bytes);
       for (DatasetKind kind : {DatasetKind::kMnist, DatasetKind::kFashionMnist}) {
-        if (md5 == dataset_spec(kind).files[1].content_md5) return dataset_spec(kind).name;
+        if (md5 == dataset_spec(kind).files[index].content_md5) return dataset_spec(kind).name;
       }
     } catch (const InputError&) {  // unreadable here: the loader reports it
     }
     break;
   }
-  return "IDX files";
+  return "";
+}
+
+}  // namespace
+
+std::string identify_data(const fs::path& dir) {
+  const std::string train = labels_of(dir, 1), test = labels_of(dir, 3);
+  if (train.empty() || test.empty()) return "IDX files";
+  return train == test ? train : train + "'s training labels with " + test + "'s test labels";
 }
 
 }  // namespace mnist_mt
