@@ -65,6 +65,7 @@ Checkpoint sample_checkpoint(bool with_state, OptimizerKind optimizer = Optimize
   if (with_state) {
     c.test_accuracy = 0.987654321;
     c.settings = {{"--optimizer", "sgd"}, {"--lr", "0.0123"}, {"--betas", "0.9,0.999"}};
+    c.dataset = "Fashion-MNIST";
   }
   return c;
 }
@@ -154,6 +155,7 @@ TEST_F(CheckpointTest, RoundTripsParametersOptimizerStateAndLoopState) {
     EXPECT_EQ(loaded.bf16_products, saved.bf16_products);
     EXPECT_EQ(loaded.test_accuracy, saved.test_accuracy);  // its bits
     EXPECT_EQ(loaded.settings, saved.settings);
+    EXPECT_EQ(loaded.dataset, saved.dataset);
     EXPECT_EQ(entries(), std::vector<fs::path>{"model.safetensors"});
   }
 }
@@ -427,6 +429,7 @@ TEST_F(CheckpointTest, RejectsMismatchedTensors) {
        "metadata '--lr' is not a setting's value (1 to 64 printable characters)"},
       {[](Json& h, std::string&) { h["__metadata__"]["--momentum"] = "0.9\x1b[2J"; }, "metadata '--momentum' is not"},
       {[](Json& h, std::string&) { h["__metadata__"]["--nesterov"] = ""; }, "metadata '--nesterov' is not"},
+      {[](Json& h, std::string&) { h["__metadata__"]["dataset"] = "MNIST\n"; }, "metadata 'dataset' is not"},
       {[](Json&, std::string& d) { put_float(d, 5, std::numeric_limits<float>::quiet_NaN()); },
        "tensor 'conv1.weight' holds a non-finite value at element 5"},
       {[](Json& h, std::string& d) {

@@ -380,6 +380,29 @@ TEST(CliTrain, LoadingARunThatReachedTheTargetSaysThereIsNothingToTrain) {
   EXPECT_EQ(both.out, "mnist_mt: " + checkpoint.string() +
                           " has finished 1 of 1 epochs; nothing to train (raise --epochs) (it also reached "
                           "--target-accuracy)\n");
+  // Its accuracy is another data set's: the run trains, and says why; eval says so too.
+  const fs::path other = scratch_dir() / "other_data.safetensors";
+  fs::copy_file(checkpoint, other);
+  edit_metadata(other, [](Json& metadata) {
+    EXPECT_EQ(metadata.at("dataset"), "IDX files");
+    metadata["dataset"] = "MNIST";
+  });
+  const Outcome trains = run_cli({"--cpu", "1", "--batch-size", "8", "--epochs", "2", "--max-steps", "2", "--data",
+                                  small_data().string(), "--target-accuracy", resume.at(resume.size() - 3), "--load",
+                                  other.string()});
+  EXPECT_EQ(trains.exit_code, 0) << trains.err;
+  EXPECT_EQ(trains.out.find("nothing to train"), std::string::npos) << trains.out;
+  EXPECT_NE(trains.out.find("\nmnist_mt: resuming " + other.string() +
+                            ", trained on MNIST, on IDX files: its steps from here are not those its run would have "
+                            "taken\n"),
+            std::string::npos)
+      << trains.out;
+  const Outcome eval = run_cli(
+      {"eval", "--cpu", "1", "--batch-size", "8", "--load", other.string(), "--data", small_data().string()});
+  EXPECT_EQ(eval.exit_code, 0) << eval.err;
+  EXPECT_NE(eval.out.find("\nmnist_mt: " + other.string() + " was trained on MNIST, evaluated on IDX files\n"),
+            std::string::npos)
+      << eval.out;
   if (accuracy < 1) {
     resume = args(std::to_string(std::min(100.0, 100 * accuracy + 0.5)));
     resume.insert(resume.end(), {"--load", checkpoint.string()});
@@ -451,6 +474,16 @@ TEST(CliTrain, AResumeNamesTheSettingsItChangesAndAnUnusedSeed) {
   EXPECT_NE(cycled.find("\nmnist_mt: resuming " + file + " with --epochs 3 (its run: 1): its steps"), std::string::npos)
       << cycled;
   EXPECT_EQ(cycled.find("--momentum"), std::string::npos) << cycled;
+}
+
+// A target not reached by the run's end says so, with the accuracy it ended at.
+TEST(CliTrain, ATargetNotReachedSaysSo) {
+  const Outcome o = run_cli({"--cpu", "1", "--batch-size", "8", "--max-steps", "1", "--data", small_data().string(),
+                             "--target-accuracy", "100"});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  const std::string::size_type at = o.out.find("\nmnist_mt: --target-accuracy 100 not reached: test accuracy ");
+  ASSERT_NE(at, std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("% at the end\n", at), o.out.size() - 13) << o.out;
 }
 
 // --epochs 0 reads the data (the download idiom) and says that it trains nothing.

@@ -45,6 +45,9 @@ struct Checkpoint {
   // (trajectory_settings in mnist_mt/trainer.hpp): flag and value text, in the metadata
   // under the flag's name. None in files from before they were recorded.
   std::vector<std::pair<std::string, std::string>> settings;
+  // The data set its run trained on, as told (TrainConfig::data_name: "MNIST",
+  // "Fashion-MNIST", "IDX files"); empty in files from before it was recorded.
+  std::string dataset;
   std::uint64_t global_batch() const { return std::uint64_t{world} * batch; }
 };
 

@@ -99,6 +99,9 @@ struct TrainConfig {
   // it changes any settings: its resume note then claims no bit-for-bit run.
   std::vector<std::string> resume_notes;
   bool resume_changes_settings = false;
+  // The data set trained on as it was told ("MNIST"; identify_data), which checkpoints
+  // record; empty: not told.
+  std::string data_name;
   std::uint64_t seed = 1;
   double bucket_mb = 25.0;         // cap of every bucket but the first (which is min(1 MB, cap))
   Exchange exchange = Exchange::kGradients;

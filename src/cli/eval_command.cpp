@@ -66,16 +66,21 @@ int run_eval(const EvalFlags& f) {
   check_run_files(files);
   Devices devices = pick_devices(f.device);
   config.devices = devices.ids;
-  const bool trained_bf16 = load_flag(f.load).bf16_products;  // evaluate() reads it again
+  const Checkpoint trained = load_flag(f.load);  // evaluate() reads it again
+  const bool trained_bf16 = trained.bf16_products;
   const bool bf16 = devices.backend->precision() == Precision::kBf16;
   check_host_memory(*devices.backend, config.batch, config.devices.size());
-  const Dataset data = load_data(f.data, std::cout);
+  std::string data_name;
+  const Dataset data = load_data(f.data, std::cout, nullptr, &data_name);
   std::cout << "mnist_mt: eval of " << one_line(f.load) << " on " << config.devices.size() << ' ' << devices.backend->name()
             << " device(s)" << (bf16 ? ", fc1 and fc2 on bf16 operands" : "") << std::endl;
   if (trained_bf16 != bf16)
     std::cout << "mnist_mt: " << one_line(f.load) << " was trained with " << precision_name(trained_bf16)
               << " products, evaluated with " << precision_name(bf16)
               << " ones (--precision): its run's test figures may differ in their last digits" << std::endl;
+  if (!trained.dataset.empty() && trained.dataset != data_name)
+    std::cout << "mnist_mt: " << one_line(f.load) << " was trained on " << trained.dataset << ", evaluated on "
+              << data_name << std::endl;
   const EvalResult result = with_flag_names({{"batch", "--batch-size"}, {"load", "--load"}},
                                             [&] { return evaluate(*devices.backend, data, config); });
   print(result, std::cout);

@@ -98,7 +98,9 @@ void add_device_flags(CLI::App& app, DeviceFlags& f) {
 void add_data_flags(CLI::App& app, DataFlags& f) {
   app.add_option("--data", f.data,
                  "Directory of the IDX files (or of torchvision's MNIST/raw); with --download, where they go");
-  app.add_option("--dataset", f.dataset, "The data set wanted")
+  app.add_option("--dataset", f.dataset,
+                 "The data set wanted (not given: MNIST, or Debian's Fashion-MNIST when no MNIST is found; given: that "
+                 "one only)")
       ->check(CLI::IsMember({"mnist", "fashion-mnist"}))
       ->default_str("mnist");
   app.add_flag("--download", f.download, "Fetch the data set's files (verified) unless present");
@@ -174,7 +176,7 @@ void add_train_flags(CLI::App& app, TrainFlags& f) {
                  "A step with a non-finite loss or gradient norm: stop (exit 3), or skip its update on every rank")
       ->check(CLI::IsMember({"stop", "skip"}))
       ->capture_default_str();
-  app.add_option("--load", f.load, "Start from this checkpoint (weights, optimizer state, epoch, step, seed)");
+  app.add_option("--load", f.load, "Start from this checkpoint (weights, optimizer state, epoch, step, seed; the settings and data set it records are compared)");
   app.add_option("--metrics", f.metrics, "Write one JSON line per epoch to this file");
   app.add_option("--trace", f.trace,
                  "Write a Chrome trace-event JSON (chrome://tracing, Perfetto) of the first steps to this file (ddp)");

@@ -158,7 +158,7 @@ DataChoice find_data(const DataFlags& f) {
   return choice;
 }
 
-Dataset load_data(const DataFlags& f, std::ostream& out, const StopRequest* stop) {
+Dataset load_data(const DataFlags& f, std::ostream& out, const StopRequest* stop, std::string* name) {
   if (!f.mirrors.empty() && !f.download) throw InputError("--mirror: only with --download");
   const DataChoice choice = find_data(f);
   out << "mnist_mt: " << choice.name << " from " << one_line(choice.dir.string()) << (f.download ? " (--download)" : "")
@@ -169,6 +169,7 @@ Dataset load_data(const DataFlags& f, std::ostream& out, const StopRequest* stop
     if (stop != nullptr) request.stop_signal = [stop] { return stop->stop_signal(); };
     download_dataset(request);
   }
+  if (name != nullptr) *name = choice.name;
   return load_dataset(choice.dir);
 }
 

@@ -78,7 +78,9 @@ DataChoice find_data(const DataFlags& f);
 // Downloads when asked, finds the data (find_data), prints the line naming the data set
 // and its directory on `out` and any notice on stderr. A `stop` request abandons a
 // download at once (Interrupted), leaving no partial file.
-Dataset load_data(const DataFlags& f, std::ostream& out, const StopRequest* stop = nullptr);
+// `name`, when given, receives the data set's name as the data line says it ("MNIST",
+// "Fashion-MNIST", "IDX files", ...).
+Dataset load_data(const DataFlags& f, std::ostream& out, const StopRequest* stop = nullptr, std::string* name = nullptr);
 
 // The whole of `text` as a number, or nothing.
 template <typename T>

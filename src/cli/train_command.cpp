@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -256,7 +257,16 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
     for (const std::string& line : changes) config.resume_notes.push_back(one_line(line));
     config.resume_changes_settings = !changes.empty() && changes.front().starts_with("mnist_mt: resuming");
   }
-  const Dataset data = load_data(f.data, out, &stop);
+  const Dataset data = load_data(f.data, out, &stop, &config.data_name);
+  // A checkpoint of another data set: its accuracy is not this one's.
+  if (start && !start->dataset.empty() && start->dataset != config.data_name && config.epochs > 0) {
+    reached = false;
+    config.resume_notes.insert(config.resume_notes.begin(),
+                               "mnist_mt: resuming " + one_line(config.load->string()) + ", trained on " +
+                                   start->dataset + ", on " + config.data_name +
+                                   ": its steps from here are not those its run would have taken");
+    config.resume_changes_settings = true;
+  }
   // No epochs, or a checkpoint whose run reached the target asked for (told once the data
   // is found and read): that is all.
   const bool writes = config.save || config.metrics || config.trace;
@@ -281,6 +291,14 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
       << " training and " << data.test.size() << " test images"
       << interrupt_note << std::endl;
   const TrainResult result = with_flag_names(kTrainFlags, [&] { return train(*devices.backend, data, config); });
+  // A target asked for and not reached by the end says so (a reached one has its line).
+  if (config.target_accuracy && !result.interrupted && !result.epochs.empty() &&
+      !result.epochs.back().time_to_target_s && std::isfinite(result.epochs.back().test_accuracy)) {
+    char text[128];
+    std::snprintf(text, sizeof text, "mnist_mt: --target-accuracy %g not reached: test accuracy %.2f%% at the end",
+                  100 * *config.target_accuracy, 100 * result.epochs.back().test_accuracy);
+    out << text << std::endl;
+  }
   if (processes != nullptr) {
     // MPI_Finalize waits for every process, with no limit: the processes meet first,
     // within --timeout, so that one that stopped at the end is reported, not waited for.

@@ -90,6 +90,7 @@ std::string header_text(const Checkpoint& c) {
   if (c.bf16_products) header["__metadata__"]["products"] = "bf16";
   header["__metadata__"]["optimizer"] = std::string(optimizer_name(c.optimizer));
   if (c.test_accuracy) header["__metadata__"]["test_accuracy"] = exact_text(*c.test_accuracy);
+  if (!c.dataset.empty()) header["__metadata__"]["dataset"] = c.dataset;
   for (const auto& [flag, value] : c.settings) {
     if (!flag.starts_with("--") || header["__metadata__"].contains(flag))
       throw RuntimeFailure("save_checkpoint: setting '" + flag + "' is no flag, or given twice");
@@ -332,15 +333,20 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
       fail(path, "metadata 'test_accuracy' is " + accuracy->dump() + ", not a fraction from 0 to 1");
     checkpoint.test_accuracy = value;
   }
-  // A setting's value is a flag's: short, printable text (a resumed run quotes it).
-  for (const auto& item : metadata->items()) {
-    if (!item.key().starts_with("--")) continue;
-    const std::string& value = item.value().get_ref<const std::string&>();
+  // A setting's value is a flag's, and the data set a name: short, printable text (a
+  // resumed run quotes them).
+  const auto quoted = [&](const std::string& key, const std::string& value) {
     if (value.empty() || value.size() > 64 ||
         !std::all_of(value.begin(), value.end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
-      fail(path, "metadata '" + item.key() + "' is not a setting's value (1 to 64 printable characters)");
-    checkpoint.settings.emplace_back(item.key(), value);
+      fail(path, "metadata '" + key + "' is not a setting's value (1 to 64 printable characters)");
+    return value;
+  };
+  for (const auto& item : metadata->items()) {
+    if (item.key().starts_with("--"))
+      checkpoint.settings.emplace_back(item.key(), quoted(item.key(), item.value().get_ref<const std::string&>()));
   }
+  if (const auto dataset = metadata->find("dataset"); dataset != metadata->end())
+    checkpoint.dataset = quoted("dataset", dataset->get_ref<const std::string&>());
   if (with_state) {
     // Version 1 kept no count: its SGD buffer had started once a step was taken.
     checkpoint.state.applied = version_1 ? checkpoint.step

@@ -303,6 +303,7 @@ void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, 
   checkpoint.bf16_products = bf16_products();
   checkpoint.test_accuracy = test_accuracy;
   checkpoint.settings = trajectory_settings(config_);
+  checkpoint.dataset = config_.data_name;
   saver_.save(path, checkpoint);
 }
 
