@@ -378,8 +378,8 @@ TEST(CliTrain, LoadingARunThatReachedTheTargetSaysThereIsNothingToTrain) {
   const Outcome both = run_cli(resume);
   EXPECT_EQ(both.exit_code, 0) << both.err;
   EXPECT_EQ(both.out, "mnist_mt: " + checkpoint.string() +
-                          " has finished 1 of 1 epochs; nothing to train (raise --epochs) (it also reached "
-                          "--target-accuracy)\n");
+                          " has finished 1 of 1 epochs; nothing to train (raise --epochs) (its recorded test "
+                          "accuracy reaches --target-accuracy too)\n");
   // Its accuracy is another data set's: the run trains, and says why; eval says so too.
   const fs::path other = scratch_dir() / "other_data.safetensors";
   fs::copy_file(checkpoint, other);

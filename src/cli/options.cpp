@@ -1,5 +1,4 @@
 #include "options.hpp"
-#include "outputs.hpp"
 
 #include <unistd.h>
 
@@ -20,6 +19,7 @@
 #include "mnist_mt/file_io.hpp"
 #include "mnist_mt/trainer.hpp"
 #include "mnist_mt/local_devices.hpp"
+#include "outputs.hpp"
 
 namespace mnist_mt::cli {
 namespace {

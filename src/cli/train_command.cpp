@@ -250,7 +250,7 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
               reaches_target(*start->test_accuracy, *config.target_accuracy);
     if (start->epoch >= config.epochs) {
       out << "mnist_mt: " << one_line(nothing_to_train(*config.load, start->epoch, config.epochs))
-          << (reached ? " (it also reached --target-accuracy)" : "") << std::endl;
+          << (reached ? " (its recorded test accuracy reaches --target-accuracy too)" : "") << std::endl;
       return 0;
     }
     const std::vector<std::string> changes = resume_changes(*config.load, *start, config, world, f.seed.has_value());
