@@ -393,8 +393,8 @@ TEST(CliTrain, LoadingARunThatReachedTheTargetSaysThereIsNothingToTrain) {
   EXPECT_EQ(trains.exit_code, 0) << trains.err;
   EXPECT_EQ(trains.out.find("nothing to train"), std::string::npos) << trains.out;
   EXPECT_NE(trains.out.find("\nmnist_mt: resuming " + other.string() +
-                            ", trained on MNIST, on IDX files: its steps from here are not those its run would have "
-                            "taken\n"),
+                            " with data set IDX files (its run: MNIST): its steps from here are not those its run "
+                            "would have taken\n"),
             std::string::npos)
       << trains.out;
   const Outcome eval = run_cli(
@@ -454,7 +454,7 @@ TEST(CliTrain, AResumeNamesTheSettingsItChangesAndAnUnusedSeed) {
   run({"--cpu", "2", "--batch-size", "4", "--lr", "0.05", "--momentum", "0.9", "--epochs", "1", "--save", file});
   const std::string shards =
       run({"--cpu", "1", "--batch-size", "8", "--lr", "0.05", "--momentum", "0.5", "--epochs", "2", "--load", file});
-  EXPECT_NE(shards.find(" a rank, in turn, and summed in its order (with the settings changed below)\nmnist_mt: "
+  EXPECT_NE(shards.find(" a rank, in turn, and summed in its order (with the changes named below)\nmnist_mt: "
                         "resuming " + file + " with --momentum 0.5 (its run: 0.9): its steps"),
             std::string::npos)
       << shards;

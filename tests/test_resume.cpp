@@ -205,6 +205,39 @@ TEST_F(ResumeTest, AStopAtARandomTimeResumesToTheUninterruptedWeightsBitwise) {
   }
 }
 
+// A stop request pending when a resumed run starts at an epoch's end: no step is taken,
+// and the checkpoint it saves where it started keeps that position's test accuracy (for
+// ddp and dp alike).
+TEST_F(ResumeTest, AStopBeforeTheFirstStepTakesNoneAndKeepsTheTestAccuracy) {
+  for (Mode mode : {Mode::kDdp, Mode::kDp}) {
+    SCOPED_TRACE(mode == Mode::kDdp ? "ddp" : "dp");
+    TrainConfig first = two_epochs(mode);
+    first.epochs = 1;
+    first.save = dir_ / "epoch1.safetensors";
+    first.data_name = "IDX files";
+    first.evaluate = true;  // the epoch's end measures the test accuracy
+    run(first);
+    const Checkpoint saved = load_checkpoint(*first.save);
+    ASSERT_TRUE(saved.test_accuracy.has_value());
+    EXPECT_EQ(saved.dataset, "IDX files");
+    TrainConfig resume = two_epochs(mode);
+    resume.load = resume.save = first.save;
+    resume.data_name = "IDX files";
+    resume.evaluate = true;
+    StopRequest stop;
+    ASSERT_TRUE(stop.start_training(true));
+    stop.stop(2);
+    resume.stop = &stop;
+    const TrainResult stopped = run(resume);
+    ASSERT_TRUE(stopped.interrupted);
+    EXPECT_EQ(stopped.interrupted->step, saved.step);
+    const Checkpoint again = load_checkpoint(*first.save);
+    EXPECT_EQ(again.step, saved.step);
+    EXPECT_EQ(again.params, saved.params);
+    EXPECT_EQ(again.test_accuracy, saved.test_accuracy);
+  }
+}
+
 // Fewer ranks, the same global batch: they compute the checkpoint's shards, in blocks as
 // even as they go (2, 1, 1 of 4 on 3 ranks), and sum them in its world's order, so the run
 // ends with the uninterrupted run's weights bit for bit, from any step of --save-every and

@@ -54,5 +54,8 @@ DataChoice locate_data(const DataQuery& query);
 // "Fashion-MNIST", both named when the two are of different ones ("MNIST's training
 // labels with Fashion-MNIST's test labels"), or "IDX files" when either is of neither.
 std::string identify_data(const std::filesystem::path& dir);
+// identify_data's name from the data sets its training and test labels are of (empty:
+// neither).
+std::string data_set_name(const std::string& train_labels, const std::string& test_labels);
 
 }  // namespace mnist_mt

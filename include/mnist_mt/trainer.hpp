@@ -95,10 +95,10 @@ struct TrainConfig {
   std::optional<double> target_accuracy;
   std::uint32_t eval_every = 0;
   // Lines for the progress stream once a resumed run's start is accepted (the CLI's: the
-  // settings it changes from its checkpoint's run, a --seed it does not use), and whether
-  // it changes any settings: its resume note then claims no bit-for-bit run.
+  // settings and data set it changes from its checkpoint's run, a --seed it does not use),
+  // and whether it changes any: its resume note then claims no bit-for-bit run.
   std::vector<std::string> resume_notes;
-  bool resume_changes_settings = false;
+  bool resume_changes_steps = false;
   // The data set trained on as it was told ("MNIST"; identify_data), which checkpoints
   // record; empty: not told.
   std::string data_name;

@@ -163,7 +163,7 @@ Dataset load_data(const DataFlags& f, std::ostream& out, const StopRequest* stop
   const DataChoice choice = find_data(f);
   out << "mnist_mt: " << choice.name << " from " << one_line(choice.dir.string()) << (f.download ? " (--download)" : "")
       << std::endl;
-  if (!choice.notice.empty()) std::cerr << "mnist_mt: " << choice.notice << std::endl;
+  if (!choice.notice.empty()) std::cerr << "mnist_mt: " << one_line(choice.notice) << std::endl;
   if (f.download) {
     DownloadRequest request{dataset_kind(f), choice.dir, f.mirrors, &out, isatty(STDERR_FILENO) != 0};
     if (stop != nullptr) request.stop_signal = [stop] { return stop->stop_signal(); };

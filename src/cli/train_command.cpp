@@ -81,8 +81,9 @@ int interrupted(const Interruption& i) {
   if (i.checkpoint.empty()) {
     std::cout << "no checkpoint saved (no --save, and no place to write one)" << std::endl;
   } else {
-    std::cout << "checkpoint saved to " << i.checkpoint.string() << "; add --load " << i.checkpoint.string()
-              << " to the same command to finish the run" << std::endl;
+    const std::string file = one_line(i.checkpoint.string());
+    std::cout << "checkpoint saved to " << file << "; add --load " << file << " to the same command to finish the run"
+              << std::endl;
   }
   return 128 + i.signal;
 }
@@ -136,38 +137,47 @@ std::string target_reached(const std::filesystem::path& file, const Checkpoint& 
   return file.string() + text;
 }
 
-// What a resumed run does otherwise than the checkpoint's run would have, a line each:
-// the settings it changes (Checkpoint::settings; --warmup only while either warm-up
-// lasts; the global batch from the checkpoint's layout), and a --seed it does not use.
-std::vector<std::string> resume_changes(const std::filesystem::path& file, const Checkpoint& start,
-                                        const TrainConfig& config, std::uint64_t world, bool seed_given) {
+// What a resumed run does otherwise than the checkpoint's run would have: the settings it
+// changes (Checkpoint::settings; --warmup only while either warm-up lasts; the global
+// batch from the checkpoint's layout) and the data set, on one line; a --seed it does not
+// use, on another.
+struct ResumeChanges {
+  std::vector<std::string> lines;
+  bool steps = false;  // the steps differ from its run's
+};
+ResumeChanges resume_changes(const std::filesystem::path& file, const Checkpoint& start, const TrainConfig& config,
+                             std::uint64_t world, bool seed_given) {
   // "--lr 0.1 (its run: 0.01)"; a switch as "with --nesterov (its run: without --nesterov)".
   const auto on_off = [](const std::string& flag, const std::string& value) -> std::optional<std::string> {
     if (value == "true" || value == "false") return (value == "true" ? "with " : "without ") + flag;
     return std::nullopt;
   };
   std::string changed;
+  const auto add = [&](const std::string& ours, const std::string& theirs) {
+    changed += (changed.empty() ? "" : ", ") + ours + " (its run: " + theirs + ")";
+  };
   for (const auto& [flag, value] : trajectory_settings(config)) {
     const auto theirs = std::find_if(start.settings.begin(), start.settings.end(),
                                      [&](const auto& setting) { return setting.first == flag; });
     if (theirs == start.settings.end() || theirs->second == value) continue;
     if (flag == "--warmup" && start.step >= std::max(config.schedule.warmup, whole_number<std::uint32_t>(theirs->second).value_or(0)))
       continue;
-    changed += (changed.empty() ? "" : ", ") + on_off(flag, value).value_or(flag + " " + value) + " (its run: " +
-               on_off(flag, theirs->second).value_or(theirs->second) + ")";
+    add(on_off(flag, value).value_or(flag + " " + value), on_off(flag, theirs->second).value_or(theirs->second));
   }
   const std::uint64_t global = std::uint64_t{config.batch} * world;
   if (start.world != 0 && start.global_batch() != global)
-    changed += (changed.empty() ? "" : ", ") + std::string("a global batch of ") + std::to_string(global) +
-               " (its run: " + std::to_string(start.global_batch()) + ")";
-  std::vector<std::string> lines;
-  if (!changed.empty())
-    lines.push_back("mnist_mt: resuming " + file.string() + " with " + changed +
-                    ": its steps from here are not those its run would have taken");
+    add("a global batch of " + std::to_string(global), std::to_string(start.global_batch()));
+  if (!start.dataset.empty() && start.dataset != config.data_name) add("data set " + config.data_name, start.dataset);
+  ResumeChanges out;
+  out.steps = !changed.empty();
+  if (out.steps)
+    out.lines.push_back(one_line("mnist_mt: resuming " + file.string() + " with " + changed +
+                                 ": its steps from here are not those its run would have taken"));
   if (seed_given && config.seed != start.seed)
-    lines.push_back("mnist_mt: --seed " + std::to_string(config.seed) +
-                    " is not used: a resumed run draws as its checkpoint's did, from seed " + std::to_string(start.seed));
-  return lines;
+    out.lines.push_back("mnist_mt: --seed " + std::to_string(config.seed) +
+                        " is not used: a resumed run draws as its checkpoint's did, from seed " +
+                        std::to_string(start.seed));
+  return out;
 }
 
 // Where the CPU devices' threads run, for the line that starts a run.
@@ -251,21 +261,18 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
     if (start->epoch >= config.epochs) {
       out << "mnist_mt: " << one_line(nothing_to_train(*config.load, start->epoch, config.epochs))
           << (reached ? " (its recorded test accuracy reaches --target-accuracy too)" : "") << std::endl;
+      if (reports) finish_stdout();
       return 0;
     }
-    const std::vector<std::string> changes = resume_changes(*config.load, *start, config, world, f.seed.has_value());
-    for (const std::string& line : changes) config.resume_notes.push_back(one_line(line));
-    config.resume_changes_settings = !changes.empty() && changes.front().starts_with("mnist_mt: resuming");
   }
   const Dataset data = load_data(f.data, out, &stop, &config.data_name);
-  // A checkpoint of another data set: its accuracy is not this one's.
-  if (start && !start->dataset.empty() && start->dataset != config.data_name && config.epochs > 0) {
-    reached = false;
-    config.resume_notes.insert(config.resume_notes.begin(),
-                               "mnist_mt: resuming " + one_line(config.load->string()) + ", trained on " +
-                                   start->dataset + ", on " + config.data_name +
-                                   ": its steps from here are not those its run would have taken");
-    config.resume_changes_settings = true;
+  if (start) {
+    ResumeChanges changes = resume_changes(*config.load, *start, config, world, f.seed.has_value());
+    config.resume_notes = std::move(changes.lines);
+    config.resume_changes_steps = changes.steps;
+    // Another data set's accuracy is not this one's; and several processes would decide
+    // on their own data before they meet (one might end while the others wait).
+    if (start->dataset != config.data_name || processes != nullptr) reached = false;
   }
   // No epochs, or a checkpoint whose run reached the target asked for (told once the data
   // is found and read): that is all.
@@ -289,7 +296,7 @@ int run_train(const TrainFlags& f, StopRequest& stop, const std::shared_ptr<Proc
   if (devices.backend->precision() == Precision::kBf16) out << ", fc1 and fc2 on bf16 operands";
   out << ", batch " << config.batch << " per device, " << describe_training(config) << ", " << data.train.size()
       << " training and " << data.test.size() << " test images"
-      << interrupt_note << std::endl;
+      << one_line(interrupt_note) << std::endl;
   const TrainResult result = with_flag_names(kTrainFlags, [&] { return train(*devices.backend, data, config); });
   // A target asked for and not reached by the end says so (a reached one has its line).
   if (config.target_accuracy && !result.interrupted && !result.epochs.empty() &&

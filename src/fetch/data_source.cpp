@@ -101,10 +101,12 @@ std::string labels_of(const fs::path& dir, std::size_t index) {
 
 }  // namespace
 
-std::string identify_data(const fs::path& dir) {
-  const std::string train = labels_of(dir, 1), test = labels_of(dir, 3);
-  if (train.empty() || test.empty()) return "IDX files";
-  return train == test ? train : train + "'s training labels with " + test + "'s test labels";
+std::string data_set_name(const std::string& train_labels, const std::string& test_labels) {
+  if (train_labels.empty() || test_labels.empty()) return "IDX files";
+  return train_labels == test_labels ? train_labels
+                                     : train_labels + "'s training labels with " + test_labels + "'s test labels";
 }
+
+std::string identify_data(const fs::path& dir) { return data_set_name(labels_of(dir, 1), labels_of(dir, 3)); }
 
 }  // namespace mnist_mt

@@ -331,7 +331,10 @@ void Run::end_interrupted(Replica& replica, std::uint32_t epoch, std::uint32_t e
   // Stopped before an epoch's first step: its start is the last epoch's end, whose save
   // to --save (its test accuracy with it) stands.
   const bool saved_at_epoch_end = epoch_step == 0 && epoch > start_.epoch && config_.save;
-  if (!path.empty() && !saved_at_epoch_end) save(replica, epoch, epoch_step, step, path);  // empty: nowhere to save
+  // Stopped where it started: the checkpoint's test accuracy is still this position's.
+  const bool at_start = epoch == start_.epoch && epoch_step == start_.epoch_step && start_.dataset == config_.data_name;
+  if (!path.empty() && !saved_at_epoch_end)  // empty: nowhere to save
+    save(replica, epoch, epoch_step, step, path, at_start ? start_.test_accuracy : std::nullopt);
   result_.interrupted = Interruption{config_.stop->stop_signal(), path, epoch, epoch_step, step};
 }
 

@@ -317,7 +317,7 @@ ShardLayout layout_of(const TrainConfig& config, const Place& place, const Check
   layout.note = resuming + "its " + std::to_string(start.world) + " shards of " + std::to_string(start.batch) +
                 " computed " + std::to_string(fewest) + (most != fewest ? " or " + std::to_string(most) : "") +
                 " a rank, in turn, and summed in its order" +
-                (config.resume_changes_settings ? " (with the settings changed below)" : ": bit for bit its run");
+                (config.resume_changes_steps ? " (with the changes named below)" : ": bit for bit its run");
   return layout;
 }
 
