@@ -92,6 +92,17 @@ TEST_F(DataSource, ANamedDirectoryWithoutTheFilesIsAnErrorNamingIt) {
   query_.data_dir.reset();
   query_.env_dir = root_ / "empty";
   EXPECT_THROW(mnist_mt::locate_data(query_), mnist_mt::InputError);
+  // torchvision's layout of the other data set there: the error says which flag finds it.
+  fill(*query_.env_dir / "FashionMNIST" / "raw");
+  try {
+    mnist_mt::locate_data(query_);
+    FAIL() << "no error";
+  } catch (const mnist_mt::InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find((*query_.env_dir / "FashionMNIST" / "raw").string() + " holds them: add --dataset fashion-mnist"),
+              std::string::npos)
+        << what;
+  }
 }
 
 TEST_F(DataSource, NoDataAnywhereNamesEveryPlaceLooked) {

@@ -75,6 +75,15 @@ DataChoice locate_data(const DataQuery& query) {
   }
   const std::string what = named ? "no IDX files (train-images-idx3-ubyte[.gz] and the other three)"
                                  : "no " + std::string(dataset_name(query.wanted)) + " data";
+  // A named directory in torchvision's layout of the other data set: say which flag finds it.
+  if (named) {
+    const DatasetKind other =
+        query.wanted == DatasetKind::kMnist ? DatasetKind::kFashionMnist : DatasetKind::kMnist;
+    const fs::path theirs = *(query.data_dir ? query.data_dir : query.env_dir) / torchvision_folder(other) / "raw";
+    if (holds_idx_files(theirs))
+      throw InputError(source + what + " in " + looked + "; " + theirs.string() + " holds them: add --dataset " +
+                       std::string(dataset_key(other)));
+  }
   throw InputError(source + what + " in " + looked + "; --download fetches " + std::string(dataset_name(query.wanted)));
 }
 
