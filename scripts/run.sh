@@ -3,7 +3,7 @@
 # Arguments go to mnist_mt, e.g. scripts/run.sh --cpu 2 --epochs 1
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --run  # what building and running needs; the tests' packages: scripts/setup.sh
 # Quiet when all goes well; a failed setup or build shows its whole output.
 quietly() {
   local log

@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
 # Installs what mnist_mt needs to build and test, from Debian's packages.
 # As root: installs whatever is missing. Otherwise: prints the apt-get line and stops.
-# Usage: scripts/setup.sh [extra Debian packages...]
+# Usage: scripts/setup.sh [--run] [extra Debian packages...]
+#   --run: only what building and running mnist_mt needs (scripts/run.sh), not the
+#          tests' and benchmarks' packages (Google Test and Benchmark, PyTorch, clang, ...)
 set -euo pipefail
 
-packages=(g++ meson ninja-build pkg-config cmake python3 libopenmpi-dev openmpi-bin
-          libtbb-dev libdnnl-dev libgtest-dev libbenchmark-dev libcli11-dev
+run_only=false
+if [ "${1:-}" = "--run" ]; then
+  run_only=true
+  shift
+fi
+packages=(g++ meson ninja-build pkg-config cmake libtbb-dev libdnnl-dev libcli11-dev
           nlohmann-json3-dev zlib1g-dev libcurl4-openssl-dev libssl-dev libpng-dev
-          python3-matplotlib dataset-fashion-mnist clang
-          python3-torch libopenblas0-pthread "$@")  # PyTorch (CPU) judges the CPU backend: tests/test_torch_steps.sh
+          dataset-fashion-mnist)
+if ! $run_only; then
+  packages+=(python3 libopenmpi-dev openmpi-bin libgtest-dev libbenchmark-dev
+             python3-matplotlib clang
+             python3-torch libopenblas0-pthread)  # PyTorch (CPU) judges the CPU backend: tests/test_torch_steps.sh
+fi
+packages+=("$@")
 
 missing=()
 for p in "${packages[@]}"; do
