@@ -68,6 +68,8 @@ Run::Run(Backend& backend, const Dataset& data, const TrainConfig& config)
       stop_line_(ranks()),
       faults_(config.faults, place_.first_rank, failures_) {
   agree_on_start(start_, place_);
+  if (start_.test_accuracy && start_.dataset == config_.data_name)
+    measured_ = Measured{start_.epoch, start_.epoch_step, *start_.test_accuracy};
   // World rank 0's process writes the files and speaks.
   if (!layout_.note.empty() && config_.progress != nullptr && place_.process() == 0)
     *config_.progress << layout_.note << "\n";
@@ -283,7 +285,7 @@ bool Run::train_steps(int rank, EpochMetrics& m, std::uint32_t first, std::uint3
 }
 
 void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step,
-               const std::filesystem::path& path, std::optional<double> test_accuracy) {
+               const std::filesystem::path& path) {
   beat(0, step, Phase::kSave);
   Checkpoint checkpoint;
   checkpoint.params.resize(kParamCount);
@@ -301,7 +303,8 @@ void Run::save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, 
   checkpoint.shard_order = sums_in_shard_order(config_, place_, backend_) && !factors_;
   checkpoint.fc1_factors = factors_;
   checkpoint.bf16_products = bf16_products();
-  checkpoint.test_accuracy = test_accuracy;
+  if (measured_ && measured_->epoch == epoch && measured_->epoch_step == epoch_step)
+    checkpoint.test_accuracy = measured_->accuracy;
   checkpoint.settings = trajectory_settings(config_);
   checkpoint.dataset = config_.data_name;
   saver_.save(path, checkpoint);
@@ -319,22 +322,14 @@ void Run::end_epoch(EpochMetrics m, Replica& replica, std::uint64_t step, std::u
   if (metrics_) runtime_write([&] { metrics_->write(m); });
   progress_.end_epoch(m);
   // A position inside the epoch counts the epochs before it as completed.
-  // Its test accuracy is the checkpoint's where the epoch ended with an evaluation.
-  const std::optional<double> accuracy =
-      std::isfinite(m.test_accuracy) ? std::optional<double>(m.test_accuracy) : std::nullopt;
-  if (config_.save)
-    save(replica, epoch_step == 0 ? m.epoch : m.epoch - 1, epoch_step, step, *config_.save, accuracy);
+  const std::uint32_t epoch = epoch_step == 0 ? m.epoch : m.epoch - 1;
+  if (std::isfinite(m.test_accuracy)) measured_ = Measured{epoch, epoch_step, m.test_accuracy};
+  if (config_.save) save(replica, epoch, epoch_step, step, *config_.save);
 }
 
 void Run::end_interrupted(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step) {
   const std::filesystem::path path = config_.save.value_or(config_.interrupt_save);
-  // Stopped before an epoch's first step: its start is the last epoch's end, whose save
-  // to --save (its test accuracy with it) stands.
-  const bool saved_at_epoch_end = epoch_step == 0 && epoch > start_.epoch && config_.save;
-  // Stopped where it started: the checkpoint's test accuracy is still this position's.
-  const bool at_start = epoch == start_.epoch && epoch_step == start_.epoch_step && start_.dataset == config_.data_name;
-  if (!path.empty() && !saved_at_epoch_end)  // empty: nowhere to save
-    save(replica, epoch, epoch_step, step, path, at_start ? start_.test_accuracy : std::nullopt);
+  if (!path.empty()) save(replica, epoch, epoch_step, step, path);  // empty: nowhere to save
   result_.interrupted = Interruption{config_.stop->stop_signal(), path, epoch, epoch_step, step};
 }
 

@@ -148,9 +148,9 @@ class Run {
   // The loaders' shards: training's by the layout, evaluation's a rank each.
   SharedLoaders::Shards train_shards() const;
   SharedLoaders::Shards test_shards() const;
-  // `test_accuracy`: the world's, where the test set was evaluated at this position.
+  // With the test accuracy measured at this position, where it was (measured_).
   void save(Replica& replica, std::uint32_t epoch, std::uint32_t epoch_step, std::uint64_t step,
-            const std::filesystem::path& path, std::optional<double> test_accuracy = std::nullopt);
+            const std::filesystem::path& path);
   bool watch_tick();
   // The processes an exchange under way still waits for, "process P (host H, rank R)"
   // each; empty when none.
@@ -163,6 +163,14 @@ class Run {
   const TrainConfig& config_;
   const Place place_;  // this process's ranks in the world
   const Checkpoint start_;
+  // The world's test accuracy at the last position the test set was evaluated at (an
+  // epoch's end, where the target was reached, or the start's, its checkpoint's on the
+  // same data set): what a checkpoint of that position records.
+  struct Measured {
+    std::uint32_t epoch, epoch_step;
+    double accuracy;
+  };
+  std::optional<Measured> measured_;
   const ShardLayout layout_;
   const bool factors_;
   std::vector<std::unique_ptr<Device>> devices_;

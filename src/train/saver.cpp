@@ -19,12 +19,15 @@ bool finite(const std::vector<float>& v) {
 }  // namespace
 
 void Saver::save(const std::filesystem::path& path, const Checkpoint& checkpoint) {
+  const Saved saving{path, checkpoint.epoch, checkpoint.epoch_step, checkpoint.step, checkpoint.test_accuracy};
+  if (last_ == saving) return;
   if (!finite(checkpoint.params) || !finite(checkpoint.state.first) || !finite(checkpoint.state.second)) {
     throw RuntimeFailure("the model holds a non-finite value at step " + std::to_string(checkpoint.step) +
                          "; not saved, " + path.string() + " keeps the last good checkpoint");
   }
   if (keep_ <= 1) {
     runtime_write([&] { save_checkpoint(path, checkpoint); });
+    last_ = saving;
     return;
   }
   const std::filesystem::path target = output_target(path);
@@ -40,6 +43,7 @@ void Saver::save(const std::filesystem::path& path, const Checkpoint& checkpoint
     std::filesystem::remove(kept_.front(), ignored);
     kept_.pop_front();
   }
+  last_ = saving;
 }
 
 void runtime_write(const std::function<void()>& write) {

@@ -6,6 +6,7 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <optional>
 
 #include "mnist_mt/checkpoint.hpp"
 
@@ -18,12 +19,21 @@ class Saver {
   // A symbolic link at `path` is written through: the files go beside its target.
   explicit Saver(std::uint32_t keep) : keep_(keep) {}
   // Throws RuntimeFailure for a non-finite model or a failed write; `path` then holds
-  // what it held before.
+  // what it held before. The same position saved again to the same path, with no more
+  // known of it (a stop right after an epoch's end), writes nothing: no step was taken.
   void save(const std::filesystem::path& path, const Checkpoint& checkpoint);
 
  private:
+  struct Saved {
+    std::filesystem::path path;
+    std::uint32_t epoch, epoch_step;
+    std::uint64_t step;
+    std::optional<double> test_accuracy;
+    bool operator==(const Saved&) const = default;
+  };
   std::uint32_t keep_;
   std::deque<std::filesystem::path> kept_;  // this run's numbered files, oldest first
+  std::optional<Saved> last_;               // this run's last save
 };
 
 // Refuses (InputError naming `what` and the path, tagged `input`) an output path that

@@ -176,33 +176,32 @@ Place place_of(const TrainConfig& config, const Dataset& data, const Backend& ba
 }
 
 std::vector<std::pair<std::string, std::string>> trajectory_settings(const TrainConfig& config) {
-  const auto number = exact_text;
   const OptimizerOptions& o = config.optimizer;
   const ScheduleOptions& s = config.schedule;
   std::vector<std::pair<std::string, std::string>> out{{"--optimizer", std::string(optimizer_name(o.kind))},
-                                                       {"--lr", number(o.lr)},
-                                                       {"--weight-decay", number(o.weight_decay)}};
+                                                       {"--lr", exact_text(o.lr)},
+                                                       {"--weight-decay", exact_text(o.weight_decay)}};
   // A one-cycle schedule sets SGD's momentum and Adam's first beta at every step itself.
   const bool cycled = s.kind == ScheduleKind::kOneCycle;
   switch (o.kind) {
     case OptimizerKind::kSgd:
-      if (!cycled) out.emplace_back("--momentum", number(o.momentum));
+      if (!cycled) out.emplace_back("--momentum", exact_text(o.momentum));
       out.emplace_back("--nesterov", o.nesterov ? "true" : "false");
       break;
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdamW:
-      if (!cycled) out.emplace_back("--betas", number(o.beta1) + "," + number(o.beta2));
-      out.emplace_back("--eps", number(o.eps));
+      if (!cycled) out.emplace_back("--betas", exact_text(o.beta1) + "," + exact_text(o.beta2));
+      out.emplace_back("--eps", exact_text(o.eps));
       break;
     case OptimizerKind::kAdadelta:
-      out.emplace_back("--rho", number(o.rho));
-      out.emplace_back("--eps", number(o.eps));
+      out.emplace_back("--rho", exact_text(o.rho));
+      out.emplace_back("--eps", exact_text(o.eps));
       break;
   }
   out.emplace_back("--lr-schedule", std::string(schedule_name(s.kind)));
   if (s.kind == ScheduleKind::kStep) {
     out.emplace_back("--lr-step", std::to_string(s.step_epochs));
-    out.emplace_back("--gamma", number(s.gamma));
+    out.emplace_back("--gamma", exact_text(s.gamma));
   }
   if (s.kind == ScheduleKind::kOneCycle || s.kind == ScheduleKind::kCosine)
     out.emplace_back("--epochs", std::to_string(config.epochs));
