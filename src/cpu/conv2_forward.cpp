@@ -2,6 +2,8 @@
 // Winograd F(2x2, 3x3). Its backward is conv2_backward.cpp.
 #include "conv2_forward.hpp"
 
+#include <string_view>
+
 #include "conv2_matmul.hpp"
 #include "conv2_winograd.hpp"
 #include "mnist_mt/model.hpp"
@@ -18,9 +20,6 @@ constexpr std::size_t kOutImage = kConv2Channels * kConv2Side * kConv2Side;
 
 }  // namespace
 
-// Measured on AVX2 (batch 64: 8.1 ms against oneDNN's direct 12.5 ms); on AVX-512
-// oneDNN's Winograd F(4x4, 3x3) is faster (5.6 ms against 8.7 to 9.7 ms).
-bool own_conv2_forward(Isa isa) { return isa == Isa::kAvx2; }
 
 Conv2WinogradForward::Conv2WinogradForward(const dnnl::engine& engine, std::uint32_t batch, Isa isa)
     : kernels_(winograd_f2_kernels(isa)), batch_(batch), chunk_(chunk_for(batch, kMaxChunk)) {
@@ -53,11 +52,6 @@ void Conv2WinogradForward::forward(const dnnl::stream& stream, const float* a1, 
 // without the ReLU that the pooling applies; weights reordered into oneDNN's layout.
 void add_conv2_forward(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* params) {
   using namespace dnnl;
-  if (own_conv2_forward(isa)) {
-    plan.conv2_forward = std::make_unique<Conv2WinogradForward>(b.engine(), plan.batch, isa);
-    plan.impl[kConv2Forward] = plan.conv2_forward->impl();
-    return;
-  }
   const Dim n = plan.batch;
   const std::size_t cap = buf.max_batch;
   const memory::dims unit{1, 1}, zero{0, 0};
@@ -72,6 +66,16 @@ void add_conv2_forward(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, 
                                   a2_md, unit, zero, zero),
         b.engine());
   });
+  // Ours wherever oneDNN would run its direct convolution on AVX2 or AVX-512, which ours
+  // beat as measured (AVX2, batch 64: 8.1 ms against 12.5 ms; AVX-512, batch 4: 0.54 ms
+  // against 0.80 ms); oneDNN's Winograd F(4x4, 3x3) where it takes it (AVX-512 from
+  // 16 images), which beats ours (batch 64: 5.6 ms against 8.7 to 9.7 ms). On SSE2 oneDNN's.
+  const bool wino = std::string_view(fwd.impl_info_str()).find("wino") != std::string_view::npos;
+  if (isa != Isa::kPortable && !wino) {
+    plan.conv2_forward = std::make_unique<Conv2WinogradForward>(b.engine(), plan.batch, isa);
+    plan.impl[kConv2Forward] = plan.conv2_forward->impl();
+    return;
+  }
   const std::size_t act1_count = cap * kConv1Channels * kConv1Side * kConv1Side;
   const std::size_t act2_count = cap * kConv2Channels * kConv2Side * kConv2Side;
   const memory a1 = b.bind(a1_md, buf.act1, act1_count), a2 = b.bind(a2_md, buf.act2, act2_count);

@@ -1,8 +1,9 @@
 #pragma once
 // conv2's forward (32 -> 64 channels, 3x3, on 26x26; bias, no ReLU: the pooling applies
-// it): oneDNN's convolution (its Winograd on AVX-512, direct on SSE2), or on AVX2 our
-// Winograd F(2x2, 3x3) (conv2_winograd_f2.hpp), which measured faster there than oneDNN's
-// direct convolution. Its backward is conv2_backward.cpp.
+// it): oneDNN's Winograd F(4x4, 3x3) where oneDNN takes it (AVX-512, 16 images or more),
+// elsewhere on AVX2 and AVX-512 our Winograd F(2x2, 3x3) (conv2_winograd_f2.hpp), which
+// measured faster than oneDNN's direct convolution, and on SSE2 oneDNN's direct
+// convolution. Its backward is conv2_backward.cpp.
 #include <cstdint>
 #include <dnnl.hpp>
 #include <string>
@@ -19,11 +20,9 @@ class PlanBuilder;
 struct Plan;
 struct Buffers;
 
-// Whether conv2's forward runs Conv2WinogradForward at `isa` (else oneDNN's convolution).
-bool own_conv2_forward(Isa isa);
-
 // Adds conv2's forward to `plan`: oneDNN's convolution with the reorder of its weights
-// into oneDNN's layout, or Conv2WinogradForward (own_conv2_forward).
+// into oneDNN's layout where oneDNN takes its Winograd for the plan's batch (AVX-512) or
+// the ISA is SSE2, else Conv2WinogradForward.
 void add_conv2_forward(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* params);
 
 class Conv2WinogradForward {

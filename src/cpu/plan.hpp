@@ -82,7 +82,7 @@ struct Plan {
   // passes: the output gradient).
   std::vector<Step> fc1, fc2, fc2_backward_weights, fc2_backward_data, fc1_backward_weights, fc1_backward_data;
   bool own_fc1_backward = false;  // fc1's backward passes ours (own_fc1_backward), not the steps above
-  std::unique_ptr<Conv2WinogradForward> conv2_forward;  // when own_conv2_forward(); else conv2 and its reorder
+  std::unique_ptr<Conv2WinogradForward> conv2_forward;  // or conv2 and its reorder (add_conv2_forward)
   std::unique_ptr<Conv2WinogradBackward> conv2_backward;
   std::array<std::string, kOpCount> impl;  // what runs each operation: oneDNN's implementation or ours
 };
