@@ -743,6 +743,49 @@ TEST_P(Fc, Fc1BackwardWeightsAndDataNearFloat64) {
   }
 }
 
+// fc1's forward where it is ours (own_fc1_forward): ReLU(bias + W x) near the float64
+// product, with oneDNN's ReLU (a negative sum gives -0 or 0, a NaN stays NaN), at batches
+// with and without a short last group of rows; each row the same bits whatever the batch.
+TEST_P(Fc, Fc1ForwardNearFloat64AndTheSameForARowInAnyBatch) {
+  const std::vector<float> w = uniform(std::size_t{kHidden} * kFlat, -0.01f, 0.01f, 11);
+  const std::vector<float> bias = uniform(kHidden, -0.5f, 0.5f, 12);
+  for (std::uint32_t rows : {1u, 3u, 4u, 9u}) {
+    const std::vector<float> x = uniform(std::size_t{rows} * kFlat, 0, 2, 13);
+    std::vector<float> out(std::size_t{rows} * kHidden), alone(kHidden);
+    fc1_forward(x.data(), w.data(), bias.data(), rows, out.data(), isa());
+    std::size_t zeros = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      for (std::size_t o = 0; o < kHidden; ++o) {
+        const auto term = [&](std::size_t k) {
+          return k < kFlat ? double{w[o * kFlat + k]} * x[r * kFlat + k] : double{bias[o]};
+        };
+        double exact = 0, size = 0;
+        for (std::size_t k = 0; k <= kFlat; ++k) {
+          exact += term(k);
+          size += std::abs(term(k));
+        }
+        const float got = out[r * kHidden + o];
+        if (got == 0) {  // a sum at most its rounding above zero
+          ASSERT_LE(exact, 1e-7 * kFlat * size) << rows << " " << r << " " << o;
+          ++zeros;
+        } else {
+          ASSERT_TRUE(near_float64_sum(got, kFlat + 1, term)) << rows << " rows, " << r << " " << o;
+        }
+      }
+      fc1_forward(x.data() + r * kFlat, w.data(), bias.data(), 1, alone.data(), isa());
+      ASSERT_EQ(0, std::memcmp(alone.data(), out.data() + r * kHidden, sizeof(float) * kHidden)) << rows << " " << r;
+    }
+    EXPECT_GT(zeros, 0u) << rows;  // the ReLU was exercised
+  }
+  std::vector<float> x = uniform(kFlat, 0, 2, 14), out(kHidden);
+  const std::vector<float> zero(w.size());  // no products: the bias itself, through the ReLU
+  fc1_forward(x.data(), zero.data(), bias.data(), 1, out.data(), isa());
+  for (std::size_t o = 0; o < kHidden; ++o) ASSERT_EQ(out[o], std::max(bias[o], 0.0f)) << o;
+  x[100] = std::numeric_limits<float>::quiet_NaN();
+  fc1_forward(x.data(), w.data(), bias.data(), 1, out.data(), isa());
+  for (float v : out) ASSERT_TRUE(std::isnan(v));
+}
+
 std::string isa_param_name(const ::testing::TestParamInfo<Isa>& info) { return isa_name(info.param); }
 #define ON_EVERY_ISA(Suite)                                                                                 \
   INSTANTIATE_TEST_SUITE_P(Isas, Suite, ::testing::Values(Isa::kPortable, Isa::kAvx2, Isa::kAvx512), \

@@ -120,6 +120,48 @@ TEST(CpuPlans, Fc1BackwardOursWritesWhatOneDnnWrites) {
   }
 }
 
+// fc1's forward where a plan takes ours (AVX2, batches up to 4: own_fc1_forward) writes
+// what oneDNN's inner product writes into the hidden activations, from the flattened pool
+// and fc1's weights and bias at their offsets of the parameters.
+TEST(CpuPlans, Fc1ForwardOursWritesWhatOneDnnWrites) {
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  constexpr std::uint32_t kMax = 4;
+  Buffers buf(kMax, false);
+  std::vector<float> params(kParamCount), grads(kParamCount);
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> small(-0.02f, 0.02f), unit(-1.0f, 1.0f);
+  for (float& v : params) v = small(rng);
+  for (std::size_t i = 0; i < kMax * kFlat; ++i) buf.flat.get()[i] = unit(rng) > 0 ? unit(rng) + 1 : 0;
+  ASSERT_FALSE(own_fc1_forward(Isa::kAvx2, 5));
+  for (std::uint32_t batch : {1u, 3u, 4u}) {
+    ASSERT_TRUE(own_fc1_forward(Isa::kAvx2, batch));
+    ASSERT_FALSE(own_fc1_forward(Isa::kPortable, batch));
+    const auto own = build_plan(engine, batch, Isa::kAvx2, buf, params.data(), grads.data());
+    const auto onednn = build_plan(engine, batch, Isa::kPortable, buf, params.data(), grads.data());
+    ASSERT_TRUE(own->own_fc1_forward);
+    ASSERT_FALSE(onednn->own_fc1_forward);
+    const std::size_t n = std::size_t{batch} * kHidden;
+    fc1_forward(*own, buf, params.data(), stream);
+    stream.wait();
+    const std::vector<float> ours(buf.hidden.get(), buf.hidden.get() + n);
+    std::fill_n(buf.hidden.get(), n, -1.0f);
+    fc1_forward(*onednn, buf, params.data(), stream);
+    stream.wait();
+    const std::vector<float> theirs(buf.hidden.get(), buf.hidden.get() + n);
+    double apart = 0, size = 0;
+    std::size_t zeros = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      apart += (double{ours[i]} - theirs[i]) * (double{ours[i]} - theirs[i]);
+      size += double{theirs[i]} * theirs[i];
+      zeros += theirs[i] == 0;
+    }
+    EXPECT_GT(zeros, 0u) << batch;
+    EXPECT_GT(size, 0) << batch;
+    EXPECT_LE(std::sqrt(apart / size), 1e-6) << "fc1's forward at batch " << batch;
+  }
+}
+
 // With bf16 products (Precision::kBf16) fc1's three passes equal float32 arithmetic on
 // operands rounded to bfloat16 (nearest even) up to the order of the float32 sums: the
 // product of two bf16 values is exact in float32. And they are not float32's passes: the

@@ -16,6 +16,18 @@ namespace mnist_mt::cpu {
 // (there our data pass is the slower one).
 bool own_fc1_backward(Isa isa, std::uint32_t batch) { return isa == Isa::kAvx2 && batch >= 32; }
 
+// Measured in training, one rank, forward ms per step (medians of 3 alternating runs,
+// docs/benchmarks.md, "fc1's forward at small batches"): at AVX2 ours saves 0.13 ms at
+// batch 2 and 0.14 at 4, nothing at 1 or 8; on AVX-512 the two are as fast.
+bool own_fc1_forward(Isa isa, std::uint32_t batch) { return isa == Isa::kAvx2 && batch <= 4; }
+
+void fc1_forward(const Plan& plan, const Buffers& buf, const float* params, const dnnl::stream& stream) {
+  if (plan.own_fc1_forward)
+    fc1_forward(buf.flat.get(), params + kParams[4].offset, params + kParams[5].offset, plan.batch, buf.hidden.get());
+  else
+    run(plan.fc1, stream);
+}
+
 void fc1_backward_weights(const Plan& plan, const Buffers& buf, float* grads, const dnnl::stream& stream) {
   if (plan.own_fc1_backward)
     fc1_backward_weights(buf.d_hidden.get(), buf.flat.get(), plan.batch, grads + kParams[4].offset,
@@ -81,8 +93,12 @@ void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* para
   const memory flat_x = operand_of(kFc1Forward, flat, flat_in, buf.flat16.get(), cap * kFlat, plan.fc1);
   const memory w1 = operand_of(kFc1Forward, view(4, params), weights_in(4), buf.fc1_weights16.get(),
                                kParams[4].count, plan.fc1);
-  plan.fc1.push_back(b.step(kFc1Forward, fc1_pd, {{DNNL_ARG_SRC, flat_x}, {DNNL_ARG_WEIGHTS, w1},
-                                                  {DNNL_ARG_BIAS, view(5, params)}, {DNNL_ARG_DST, hidden}}));
+  plan.own_fc1_forward = !bf16 && own_fc1_forward(isa, plan.batch);
+  if (plan.own_fc1_forward)
+    plan.impl[kFc1Forward] = std::string("own:") + isa_name(isa);
+  else
+    plan.fc1.push_back(b.step(kFc1Forward, fc1_pd, {{DNNL_ARG_SRC, flat_x}, {DNNL_ARG_WEIGHTS, w1},
+                                                    {DNNL_ARG_BIAS, view(5, params)}, {DNNL_ARG_DST, hidden}}));
   const memory hidden_x = operand_of(kFc2Forward, hidden, hidden_in, buf.hidden16.get(), cap * kHidden, plan.fc2);
   const memory w2 = operand_of(kFc2Forward, view(6, params), weights_in(6), buf.fc2_weights16.get(),
                                kParams[6].count, plan.fc2);

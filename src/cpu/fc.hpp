@@ -3,6 +3,13 @@
 
 namespace mnist_mt::cpu {
 
+// Whether fc1's forward at `batch` is ours (fc1_forward in kernels.hpp) rather than
+// oneDNN's inner product on `isa`.
+bool own_fc1_forward(Isa isa, std::uint32_t batch);
+// fc1's forward (ReLU fused) of `plan`'s batch, ours or oneDNN's (own_fc1_forward): the
+// hidden activations from the flattened pool and the parameters (fc1's weights and bias).
+void fc1_forward(const Plan& plan, const Buffers& buf, const float* params, const dnnl::stream& stream);
+
 // Whether fc1's backward passes at `batch` are ours (fc1_backward_weights,
 // fc1_backward_data in kernels.hpp) rather than oneDNN's inner products on `isa`.
 bool own_fc1_backward(Isa isa, std::uint32_t batch);

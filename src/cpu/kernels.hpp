@@ -74,6 +74,11 @@ void fc1_backward_weights(const float* g, const float* x, std::uint32_t rows, fl
 std::size_t fc1_transposed_stride(std::uint32_t rows);
 void fc1_backward_data(const float* g, const float* w, std::uint32_t rows, float* g_t, float* out,
                        Isa isa = kernel_isa());
+// fc1's forward of one replica's batch, where own_fc1_forward() (fc.hpp; fc1_forward.cpp):
+// out[n] (kHidden floats a row) = ReLU(bias + W x[n]) for `rows` rows of x (kFlat floats
+// apart), W fc1's weights (kHidden x kFlat). Each output the same bits whatever the batch.
+void fc1_forward(const float* x, const float* w, const float* bias, std::uint32_t rows, float* out,
+                 Isa isa = kernel_isa());
 using FactorRowsFn = void (*)(const float*, const float*, std::uint32_t, std::size_t, std::size_t, float*);
 FactorRowsFn factor_product_rows_variant(Isa isa);  // fc1_backward.cpp
 

@@ -81,6 +81,7 @@ struct Plan {
   // reads first (fc1's and fc2's forward: their input and weights; the backward weights
   // passes: the output gradient).
   std::vector<Step> fc1, fc2, fc2_backward_weights, fc2_backward_data, fc1_backward_weights, fc1_backward_data;
+  bool own_fc1_forward = false;   // fc1's forward ours (own_fc1_forward), not the steps of fc1 above
   bool own_fc1_backward = false;  // fc1's backward passes ours (own_fc1_backward), not the steps above
   std::unique_ptr<Conv2WinogradForward> conv2_forward;  // or conv2 and its reorder (add_conv2_forward)
   std::unique_ptr<Conv2WinogradBackward> conv2_backward;

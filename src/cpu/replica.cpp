@@ -351,7 +351,7 @@ class CpuReplicaImpl final : public CpuReplica {
       timed(kDropout1Forward, [&] {
         dropout_forward(key, buffers_.samples.get(), n, RandomStream::kDropout0, kFlat, kDropout1, buffers_.flat.get());
       });
-    timed(kFc1Forward, [&] { run(plan.fc1, stream_); });
+    timed(kFc1Forward, [&] { fc1_forward(plan, buffers_, p, stream_); });
     scale1_ = train ? 1.0f / (1.0f - kDropout2) : 1.0f;
     if (train)
       timed(kDropout2Forward, [&] {
