@@ -406,7 +406,7 @@ TEST_P(Conv2, WinogradEqualsDirectGradients) {
   }
 }
 
-// conv2's forward by Winograd F(2x2, 3x3) (the step's at AVX2) against the float64 direct
+// conv2's forward by Winograd F(2x2, 3x3) (the step's where oneDNN's would be direct) against the float64 direct
 // convolution plus bias, on every ISA; its rounding is bounded as a direct fp32 sum's, by
 // each output's sum of |terms| (a few units of fp32 rounding of it).
 TEST_P(Conv2, WinogradForwardEqualsDirect) {
@@ -744,12 +744,13 @@ TEST_P(Fc, Fc1BackwardWeightsAndDataNearFloat64) {
 }
 
 // fc1's forward where it is ours (own_fc1_forward): ReLU(bias + W x) near the float64
-// product, with oneDNN's ReLU (a negative sum gives -0 or 0, a NaN stays NaN), at batches
-// with and without a short last group of rows; each row the same bits whatever the batch.
+// product, with PyTorch's ReLU (a negative sum, -inf too, gives 0; a NaN stays NaN, for the
+// step's non-finite check to see), at batches with every size of a last group of rows
+// (the kernel takes 4 at a time); each row the same bits whatever the batch.
 TEST_P(Fc, Fc1ForwardNearFloat64AndTheSameForARowInAnyBatch) {
   const std::vector<float> w = uniform(std::size_t{kHidden} * kFlat, -0.01f, 0.01f, 11);
   const std::vector<float> bias = uniform(kHidden, -0.5f, 0.5f, 12);
-  for (std::uint32_t rows : {1u, 3u, 4u, 9u}) {
+  for (std::uint32_t rows : {1u, 2u, 3u, 4u, 6u, 7u, 9u}) {
     const std::vector<float> x = uniform(std::size_t{rows} * kFlat, 0, 2, 13);
     std::vector<float> out(std::size_t{rows} * kHidden), alone(kHidden);
     fc1_forward(x.data(), w.data(), bias.data(), rows, out.data(), isa());
@@ -784,6 +785,10 @@ TEST_P(Fc, Fc1ForwardNearFloat64AndTheSameForARowInAnyBatch) {
   x[100] = std::numeric_limits<float>::quiet_NaN();
   fc1_forward(x.data(), w.data(), bias.data(), 1, out.data(), isa());
   for (float v : out) ASSERT_TRUE(std::isnan(v));
+  x[100] = std::numeric_limits<float>::infinity();  // +inf x w: +inf or -inf by w's sign
+  fc1_forward(x.data(), w.data(), bias.data(), 1, out.data(), isa());
+  for (std::size_t o = 0; o < kHidden; ++o)
+    ASSERT_EQ(out[o], w[o * kFlat + 100] > 0 ? std::numeric_limits<float>::infinity() : 0.0f) << o;
 }
 
 std::string isa_param_name(const ::testing::TestParamInfo<Isa>& info) { return isa_name(info.param); }

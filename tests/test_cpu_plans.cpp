@@ -12,8 +12,10 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -48,6 +50,33 @@ TEST(CpuPlans, NoOperationRunsAReferenceImplementation) {
       }
     }
     EXPECT_GT(owned, 0u) << "batch " << batch;
+  }
+}
+
+// conv2's forward is never a direct convolution on AVX2 or AVX-512: oneDNN's Winograd
+// where oneDNN's convolution_auto takes it (AVX-512 at large batches), else ours
+// (conv2_forward.hpp); and oneDNN's on SSE2.
+TEST(CpuPlans, Conv2ForwardOursWhereOneDnnWouldRunADirectConvolution) {
+  CpuDevice device(0);
+  auto replica = make_cpu_replica(device, 64);
+  const Isa isa = kernel_isa();
+  const std::string own = std::string("own:") + isa_name(isa) + " winograd 2x3";
+  for (std::uint32_t batch : {1u, 4u, 8u, 9u, 16u, 64u}) {
+    std::string impl;
+    for (const KernelInfo& k : replica->kernels(batch))
+      if (k.op == std::string_view(kOpNames[kConv2Forward])) impl = k.impl;
+    std::cout << "batch " << batch << "  conv2 forward: " << impl << "\n";
+    if (isa == Isa::kPortable) {
+      EXPECT_FALSE(impl.starts_with("own:")) << batch;
+      continue;
+    }
+    EXPECT_NE(impl.find("wino"), std::string::npos) << "batch " << batch << ": " << impl;
+    if (batch <= 8 || isa == Isa::kAvx2) {
+      EXPECT_TRUE(impl.starts_with(own)) << "batch " << batch << ": " << impl;
+    }
+    if (batch == 64 && isa == Isa::kAvx512) {
+      EXPECT_FALSE(impl.starts_with("own:")) << impl;
+    }
   }
 }
 
@@ -120,7 +149,7 @@ TEST(CpuPlans, Fc1BackwardOursWritesWhatOneDnnWrites) {
   }
 }
 
-// fc1's forward where a plan takes ours (AVX2, batches up to 4: own_fc1_forward) writes
+// fc1's forward where a plan takes ours (AVX2, batches 2 to 4: own_fc1_forward) writes
 // what oneDNN's inner product writes into the hidden activations, from the flattened pool
 // and fc1's weights and bias at their offsets of the parameters.
 TEST(CpuPlans, Fc1ForwardOursWritesWhatOneDnnWrites) {
@@ -133,8 +162,9 @@ TEST(CpuPlans, Fc1ForwardOursWritesWhatOneDnnWrites) {
   std::uniform_real_distribution<float> small(-0.02f, 0.02f), unit(-1.0f, 1.0f);
   for (float& v : params) v = small(rng);
   for (std::size_t i = 0; i < kMax * kFlat; ++i) buf.flat.get()[i] = unit(rng) > 0 ? unit(rng) + 1 : 0;
+  ASSERT_FALSE(own_fc1_forward(Isa::kAvx2, 1));
   ASSERT_FALSE(own_fc1_forward(Isa::kAvx2, 5));
-  for (std::uint32_t batch : {1u, 3u, 4u}) {
+  for (std::uint32_t batch : {2u, 3u, 4u}) {
     ASSERT_TRUE(own_fc1_forward(Isa::kAvx2, batch));
     ASSERT_FALSE(own_fc1_forward(Isa::kPortable, batch));
     const auto own = build_plan(engine, batch, Isa::kAvx2, buf, params.data(), grads.data());
@@ -142,6 +172,7 @@ TEST(CpuPlans, Fc1ForwardOursWritesWhatOneDnnWrites) {
     ASSERT_TRUE(own->own_fc1_forward);
     ASSERT_FALSE(onednn->own_fc1_forward);
     const std::size_t n = std::size_t{batch} * kHidden;
+    std::fill_n(buf.hidden.get(), n, std::numeric_limits<float>::quiet_NaN());
     fc1_forward(*own, buf, params.data(), stream);
     stream.wait();
     const std::vector<float> ours(buf.hidden.get(), buf.hidden.get() + n);
@@ -208,7 +239,7 @@ TEST(CpuPlans, Bf16ProductsReadRoundedOperands) {
   };
   const auto plan = build_plan(engine, kBatch, kernel_isa(), buf, params.data(), grads.data());
   EXPECT_NE(plan->impl[kFc1Forward].find("reorder"), std::string::npos) << plan->impl[kFc1Forward];
-  run(plan->fc1, stream);
+  fc1_forward(*plan, buf, params.data(), stream);
   fc1_backward_weights(*plan, buf, grads.data(), stream);
   fc1_backward_data(*plan, buf, params.data(), stream);
   stream.wait();

@@ -585,8 +585,9 @@ TEST(Trainer, ATargetAccuracyStopsTheRunWhereItIsReached) {
 
 // --exchange factors: every rank forms fc1's weight gradient over the world's rows, in
 // world order (the same bits from the same rows whatever the world: test_cpu_replica's
-// Fc1GradientsFromFactors). The rows themselves are not the same bits: oneDNN's forward
-// of a batch of 4 and of 8 rounds otherwise, so 2 x 4 and 1 x 8 agree within rounding. Factors and the gradients' allreduce agree
+// Fc1GradientsFromFactors). The rows themselves are not the same bits: fc1's forward of a
+// batch of 4 and of 8 rounds otherwise (oneDNN's at both on AVX-512; at AVX2 ours at 4), so
+// 2 x 4 and 1 x 8 agree within rounding. Factors and the gradients' allreduce agree
 // within 1e-6 after 5 steps, and factors repeat bit for bit.
 TEST(Trainer, FactorExchangeFormsTheGlobalBatchsFc1Gradient) {
   TrainConfig c = config_for(2, 4);

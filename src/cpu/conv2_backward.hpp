@@ -7,9 +7,9 @@
 // of a few images so that the transformed tiles stay in cache. All memory is taken at
 // construction.
 //
-// The forward pass is not this F(4x4, 3x3) (conv2_forward.hpp: oneDNN's Winograd on AVX-512
-// from 16 images, our F(2x2, 3x3) below that and on AVX2, oneDNN's direct convolution on
-// SSE2, all of which agree with PyTorch's golden steps): in the forward,
+// The forward pass is not this F(4x4, 3x3) (conv2_forward.hpp: oneDNN's Winograd where it
+// takes it (AVX-512 from 9 images), our F(2x2, 3x3) elsewhere on AVX-512 and AVX2, oneDNN's
+// direct convolution on SSE2, all of which agree with PyTorch's golden steps): in the forward,
 // this Winograd's rounding moved a max-pooling tie in the golden three-step test and with
 // it the gradients, while in the backward its rounding only perturbs the gradients by ~1e-6.
 #include <cstdint>

@@ -20,7 +20,6 @@ constexpr std::size_t kOutImage = kConv2Channels * kConv2Side * kConv2Side;
 
 }  // namespace
 
-
 Conv2WinogradForward::Conv2WinogradForward(const dnnl::engine& engine, std::uint32_t batch, Isa isa)
     : kernels_(winograd_f2_kernels(isa)), batch_(batch), chunk_(chunk_for(batch, kMaxChunk)) {
   const Dim t = Dim{kWinoF2Tiles} * chunk_;
@@ -48,8 +47,9 @@ void Conv2WinogradForward::forward(const dnnl::stream& stream, const float* a1, 
   }
 }
 
-// conv2's forward through oneDNN's convolution (Winograd on AVX-512, direct otherwise),
-// without the ReLU that the pooling applies; weights reordered into oneDNN's layout.
+// conv2's forward, without the ReLU that the pooling applies: oneDNN's convolution (its
+// weights reordered into oneDNN's layout) where it takes its Winograd or the ISA is SSE2,
+// else ours.
 void add_conv2_forward(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* params) {
   using namespace dnnl;
   const Dim n = plan.batch;
@@ -68,8 +68,9 @@ void add_conv2_forward(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, 
   });
   // Ours wherever oneDNN would run its direct convolution on AVX2 or AVX-512, which ours
   // beat as measured (AVX2, batch 64: 8.1 ms against 12.5 ms; AVX-512, batch 4: 0.54 ms
-  // against 0.80 ms); oneDNN's Winograd F(4x4, 3x3) where it takes it (AVX-512 from
-  // 16 images), which beats ours (batch 64: 5.6 ms against 8.7 to 9.7 ms). On SSE2 oneDNN's.
+  // against 0.80 ms); oneDNN's Winograd F(4x4, 3x3) where it takes it (AVX-512 from 9
+  // images at one thread), which beats ours (batch 64: 5.6 ms against 8.7 to 9.7 ms). On
+  // SSE2 oneDNN's.
   const bool wino = std::string_view(fwd.impl_info_str()).find("wino") != std::string_view::npos;
   if (isa != Isa::kPortable && !wino) {
     plan.conv2_forward = std::make_unique<Conv2WinogradForward>(b.engine(), plan.batch, isa);

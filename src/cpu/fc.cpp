@@ -1,5 +1,5 @@
-// fc1 and fc2, forward and backward: oneDNN's inner products, but for fc1's backward
-// passes where ours are faster.
+// fc1 and fc2, forward and backward: oneDNN's inner products, but for fc1's passes where
+// ours are faster.
 #include "fc.hpp"
 
 #include "isa.hpp"
@@ -17,9 +17,9 @@ namespace mnist_mt::cpu {
 bool own_fc1_backward(Isa isa, std::uint32_t batch) { return isa == Isa::kAvx2 && batch >= 32; }
 
 // Measured in training, one rank, forward ms per step (medians of 3 alternating runs,
-// docs/benchmarks.md, "fc1's forward at small batches"): at AVX2 ours saves 0.13 ms at
-// batch 2 and 0.14 at 4, nothing at 1 or 8; on AVX-512 the two are as fast.
-bool own_fc1_forward(Isa isa, std::uint32_t batch) { return isa == Isa::kAvx2 && batch <= 4; }
+// docs/benchmarks.md, "Small batches"): at AVX2 ours saves 0.13 ms at batch 2 and 0.14 at
+// 4, nothing at 1 or 8 (3 not measured); on AVX-512 the two are as fast.
+bool own_fc1_forward(Isa isa, std::uint32_t batch) { return isa == Isa::kAvx2 && batch >= 2 && batch <= 4; }
 
 void fc1_forward(const Plan& plan, const Buffers& buf, const float* params, const dnnl::stream& stream) {
   if (plan.own_fc1_forward)
@@ -44,8 +44,8 @@ void fc1_backward_data(const Plan& plan, const Buffers& buf, const float* params
     run(plan.fc1_backward_data, stream);
 }
 
-// fc1 (ReLU fused) and fc2 through oneDNN's inner products (fc1's backward passes ours where
-// own_fc1_backward), on PyTorch's flatten order: the pooled map nchw seen as [n, 9216].
+// fc1 (ReLU fused) and fc2 through oneDNN's inner products (fc1's forward ours where
+// own_fc1_forward, its backward passes where own_fc1_backward), on PyTorch's flatten order: the pooled map nchw seen as [n, 9216].
 // With buf.bf16(), every product reads bfloat16 copies of its two operands, made by a
 // reorder (round to nearest even) at the start of the pass that reads them first, and
 // writes float32; the bias stays float32 (oneDNN's bf16 inner products on AVX512_BF16 or AMX).

@@ -20,7 +20,7 @@ void fc1_backward_weights(const Plan& plan, const Buffers& buf, float* grads, co
 void fc1_backward_data(const Plan& plan, const Buffers& buf, const float* params, const dnnl::stream& stream);
 
 // Adds fc1 (ReLU fused) and fc2, forward and both backward passes, to `plan` (fc1's
-// backward passes only where oneDNN runs them).
+// passes only where oneDNN runs them).
 void add_fc(PlanBuilder& b, Plan& plan, const Buffers& buf, Isa isa, float* params, float* grads);
 
 }  // namespace mnist_mt::cpu

@@ -15,7 +15,7 @@ template <std::size_t B>
 constexpr std::size_t kRowsOfW = B == 16 ? 4 : 2;
 constexpr std::uint32_t kMostRows = 4;  // rows of x a pass over the weights takes
 
-// out[n][o] = relu(bias[o] + x[n] . w[o]) for the kN rows of x at `x` (kFlat floats
+// out[n][o] = ReLU(bias[o] + x[n] . w[o]) for the kN rows of x at `x` (kFlat floats
 // apart) and every output o (w: kHidden rows of kFlat, oi), out's rows kHidden apart. Each
 // dot product is B partial sums over k in order (fused multiply-adds where the ISA has
 // them), then its lanes in order: the same bits for a row whatever the batch.
@@ -42,7 +42,7 @@ template <std::size_t B, std::uint32_t kN>
         float sum = acc[o][n][0];
         for (std::size_t l = 1; l < B; ++l) sum += acc[o][n][l];
         const float y = sum + bias[o0 + o];
-        out[n * kHidden + o0 + o] = y > 0 ? y : y * 0.0f;  // oneDNN's ReLU: NaN stays NaN
+        out[n * kHidden + o0 + o] = y < 0 ? 0.0f : y;  // PyTorch's ReLU (conv1's): a NaN stays NaN
       }
   }
 }

@@ -1,7 +1,8 @@
 #pragma once
 // The CPU backend's own kernels: the small operations oneDNN has no primitive for, each
 // defined in its op's file (input.cpp, activation.cpp, loss.cpp, update.cpp, norm.cpp,
-// fc1_backward.cpp, reduce.cpp; conv1, pool and conv2's backward have headers of their own).
+// fc1_forward.cpp, fc1_backward.cpp, reduce.cpp; conv1, pool and conv2's passes have headers
+// of their own).
 // All run on the calling thread (a device's compute stream) and allocate nothing.
 #include <cstddef>
 #include <cstdint>

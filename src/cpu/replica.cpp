@@ -1,7 +1,7 @@
-// The CPU replica: sequences the step's operations on the device's compute stream. conv2's
-// forward (on AVX-512; on AVX2 our Winograd F(2x2, 3x3)) and the fully-connected layers run
-// through oneDNN (plan.hpp); conv1, the ReLU + max pooling, conv2's backward (Winograd, with
-// the pooling's backward), dropout, the loss and the optimizer's update through own kernels.
+// The CPU replica: sequences the step's operations on the device's compute stream: through
+// oneDNN or ours where faster (plan.hpp: conv2's forward, the fully-connected layers), and
+// our kernels for conv1, the ReLU + max pooling, conv2's backward (Winograd, with the
+// pooling's backward), dropout, the loss and the optimizer's update.
 // Activations from conv1 to the pooling are in oneDNN's blocked layout for the ISA
 // (nChw16c on AVX-512, nChw8c otherwise); the pooling writes PyTorch's flatten order for
 // fc1, and dropout runs on that. Parameters, gradients and the optimizer's state are flat
