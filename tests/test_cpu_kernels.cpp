@@ -406,9 +406,9 @@ TEST_P(Conv2, WinogradEqualsDirectGradients) {
   }
 }
 
-// conv2's forward by Winograd F(2x2, 3x3) (the step's where oneDNN's would be direct) against the float64 direct
-// convolution plus bias, on every ISA; its rounding is bounded as a direct fp32 sum's, by
-// each output's sum of |terms| (a few units of fp32 rounding of it).
+// conv2's forward by Winograd F(2x2, 3x3) (the step's where oneDNN's would be direct)
+// against the float64 direct convolution plus bias, on every ISA; its rounding is bounded
+// as a direct fp32 sum's, by each output's sum of |terms| (a few units of fp32 rounding of it).
 TEST_P(Conv2, WinogradForwardEqualsDirect) {
   constexpr std::size_t kIc = kConv1Channels, kOc = kConv2Channels, kSide = kConv1Side, kOut = kConv2Side;
   const dnnl::engine engine(dnnl::engine::kind::cpu, 0);

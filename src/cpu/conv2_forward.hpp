@@ -2,9 +2,9 @@
 // conv2's forward (32 -> 64 channels, 3x3, on 26x26; bias, no ReLU: the pooling applies
 // it): oneDNN's Winograd F(4x4, 3x3) where oneDNN's convolution_auto takes it (AVX-512,
 // from 9 images on a compute thread's one OpenMP thread), elsewhere on AVX2 and AVX-512
-// our Winograd F(2x2, 3x3) (conv2_winograd_f2.hpp), which
-// measured faster than oneDNN's direct convolution, and on SSE2 oneDNN's direct
-// convolution. Its backward is conv2_backward.cpp.
+// our Winograd F(2x2, 3x3) (conv2_winograd_f2.hpp), which measured faster than oneDNN's
+// direct convolution, and on SSE2 oneDNN's direct convolution. Its backward is
+// conv2_backward.cpp.
 #include <cstdint>
 #include <dnnl.hpp>
 #include <string>

@@ -45,7 +45,8 @@ void fc1_backward_data(const Plan& plan, const Buffers& buf, const float* params
 }
 
 // fc1 (ReLU fused) and fc2 through oneDNN's inner products (fc1's forward ours where
-// own_fc1_forward, its backward passes where own_fc1_backward), on PyTorch's flatten order: the pooled map nchw seen as [n, 9216].
+// own_fc1_forward, its backward passes where own_fc1_backward), on PyTorch's flatten
+// order: the pooled map nchw seen as [n, 9216].
 // With buf.bf16(), every product reads bfloat16 copies of its two operands, made by a
 // reorder (round to nearest even) at the start of the pass that reads them first, and
 // writes float32; the bias stays float32 (oneDNN's bf16 inner products on AVX512_BF16 or AMX).

@@ -1,7 +1,8 @@
 #pragma once
 // The CPU replica's plan for one batch size: oneDNN's primitives bound to the replica's
 // buffers (conv2's forward, fc1, fc2, where oneDNN runs them), conv2's Winograd forward
-// (where ours) and backward, and the name of what runs each operation of the step. Built on the device's compute thread (replica.cpp).
+// (where ours) and backward, and the name of what runs each operation of the step. Built
+// on the device's compute thread (replica.cpp).
 #include <array>
 #include <cstdint>
 #include <dnnl.hpp>
